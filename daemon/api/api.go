@@ -1,0 +1,203 @@
+// Package api serves lbd's gRPC API (package lbd.v1) over the desired-state store.
+package api
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/lbd-dev/lbd/daemon/store"
+	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Datapath is what the API asks of the node's datapath. A node without one (control
+// plane only) passes nil and those RPCs answer Unimplemented.
+type Datapath interface {
+	TraceFlow(context.Context, *lbdv1.TraceFlowRequest) (*lbdv1.TraceFlowResponse, error)
+	ListConnections(context.Context, *lbdv1.ListConnectionsRequest) (*lbdv1.ListConnectionsResponse, error)
+	GetStats(context.Context, *lbdv1.GetStatsRequest) (*lbdv1.GetStatsResponse, error)
+	Detach(context.Context) error
+	Attached() bool
+}
+
+// Options configure the API server.
+type Options struct {
+	Store    *store.Store
+	Logger   hclog.Logger
+	Roles    []string
+	Version  string
+	Datapath Datapath
+	// WatchBuffer is how many events a watcher may lag behind before its stream is ended
+	// with RESOURCE_EXHAUSTED (it then re-watches and gets a fresh snapshot).
+	WatchBuffer int
+}
+
+// Server implements the three lbd.v1 services.
+type Server struct {
+	lbdv1.UnimplementedLoadBalancerServiceServer
+	lbdv1.UnimplementedBgpServiceServer
+	lbdv1.UnimplementedNodeServiceServer
+
+	opts  Options
+	st    *store.Store
+	log   hclog.Logger
+	start time.Time
+}
+
+// New returns a server; Register attaches it to a grpc.Server.
+func New(opts Options) *Server {
+	if opts.Logger == nil {
+		opts.Logger = hclog.NewNullLogger()
+	}
+	if opts.WatchBuffer <= 0 {
+		opts.WatchBuffer = 4096
+	}
+	return &Server{opts: opts, st: opts.Store, log: opts.Logger, start: time.Now()}
+}
+
+// Register adds the server's services to g.
+func (s *Server) Register(g *grpc.Server) {
+	lbdv1.RegisterLoadBalancerServiceServer(g, s)
+	lbdv1.RegisterBgpServiceServer(g, s)
+	lbdv1.RegisterNodeServiceServer(g, s)
+}
+
+// unimplemented answers an RPC whose machinery is not on this node.
+func unimplemented(what string) error {
+	return status.Errorf(codes.Unimplemented, "%s needs the node's datapath, and this lbd runs without one (start it with --role lb, backend or both)", what)
+}
+
+// CreateService implements lbdv1.LoadBalancerServiceServer.
+func (s *Server) CreateService(_ context.Context, r *lbdv1.CreateServiceRequest) (*lbdv1.CreateServiceResponse, error) {
+	svc, err := s.st.CreateService(r.GetService())
+	if err != nil {
+		return nil, err
+	}
+	s.log.Info("service created", "op", "create-service", "service", svc.Name, "frontend", frontend(svc), "backends", len(svc.Backends))
+	return &lbdv1.CreateServiceResponse{Service: svc}, nil
+}
+
+// GetService implements lbdv1.LoadBalancerServiceServer.
+func (s *Server) GetService(_ context.Context, r *lbdv1.GetServiceRequest) (*lbdv1.GetServiceResponse, error) {
+	svc, err := s.st.GetService(r.GetName())
+	if err != nil {
+		return nil, err
+	}
+	return &lbdv1.GetServiceResponse{Service: svc}, nil
+}
+
+// ListServices implements lbdv1.LoadBalancerServiceServer.
+func (s *Server) ListServices(_ context.Context, r *lbdv1.ListServicesRequest) (*lbdv1.ListServicesResponse, error) {
+	return &lbdv1.ListServicesResponse{Services: s.st.ListServices(r.GetOwner())}, nil
+}
+
+// UpdateService implements lbdv1.LoadBalancerServiceServer.
+func (s *Server) UpdateService(_ context.Context, r *lbdv1.UpdateServiceRequest) (*lbdv1.UpdateServiceResponse, error) {
+	svc, err := s.st.UpdateService(r.GetService(), r.GetExpectedRevision())
+	if err != nil {
+		return nil, err
+	}
+	s.log.Info("service updated", "op", "update-service", "service", svc.Name, "revision", svc.Revision)
+	return &lbdv1.UpdateServiceResponse{Service: svc}, nil
+}
+
+// DeleteService implements lbdv1.LoadBalancerServiceServer.
+func (s *Server) DeleteService(_ context.Context, r *lbdv1.DeleteServiceRequest) (*lbdv1.DeleteServiceResponse, error) {
+	if err := s.st.DeleteService(r.GetName()); err != nil {
+		return nil, err
+	}
+	s.log.Info("service deleted", "op", "delete-service", "service", r.GetName())
+	return &lbdv1.DeleteServiceResponse{}, nil
+}
+
+// ApplyServices implements lbdv1.LoadBalancerServiceServer.
+func (s *Server) ApplyServices(_ context.Context, r *lbdv1.ApplyServicesRequest) (*lbdv1.ApplyServicesResponse, error) {
+	res, err := s.st.ApplyServices(r.GetOwner(), r.GetServices())
+	if err != nil {
+		return nil, err
+	}
+	s.log.Info("services applied", "op", "apply-services", "owner", r.GetOwner(), "created", res.Created, "updated", res.Updated, "deleted", res.Deleted, "unchanged", res.Unchanged)
+	return &lbdv1.ApplyServicesResponse{
+		Created: uint32(res.Created), Updated: uint32(res.Updated),
+		Deleted: uint32(res.Deleted), Unchanged: uint32(res.Unchanged),
+	}, nil
+}
+
+// CreateBackend implements lbdv1.LoadBalancerServiceServer.
+func (s *Server) CreateBackend(_ context.Context, r *lbdv1.CreateBackendRequest) (*lbdv1.CreateBackendResponse, error) {
+	b, err := s.st.CreateBackend(r.GetServiceName(), r.GetBackend())
+	if err != nil {
+		return nil, err
+	}
+	s.log.Info("backend added", "op", "create-backend", "service", r.GetServiceName(), "backend", b.Address, "port", b.Port)
+	return &lbdv1.CreateBackendResponse{Backend: b}, nil
+}
+
+// GetBackend implements lbdv1.LoadBalancerServiceServer.
+func (s *Server) GetBackend(_ context.Context, r *lbdv1.GetBackendRequest) (*lbdv1.GetBackendResponse, error) {
+	b, err := s.st.GetBackend(r.GetServiceName(), r.GetAddress(), r.GetPort())
+	if err != nil {
+		return nil, err
+	}
+	return &lbdv1.GetBackendResponse{Backend: b}, nil
+}
+
+// ListBackends implements lbdv1.LoadBalancerServiceServer.
+func (s *Server) ListBackends(_ context.Context, r *lbdv1.ListBackendsRequest) (*lbdv1.ListBackendsResponse, error) {
+	svc, err := s.st.GetService(r.GetServiceName())
+	if err != nil {
+		return nil, err
+	}
+	return &lbdv1.ListBackendsResponse{Backends: svc.Backends}, nil
+}
+
+// UpdateBackend implements lbdv1.LoadBalancerServiceServer.
+func (s *Server) UpdateBackend(_ context.Context, r *lbdv1.UpdateBackendRequest) (*lbdv1.UpdateBackendResponse, error) {
+	b, err := s.st.UpdateBackend(r.GetServiceName(), r.GetBackend())
+	if err != nil {
+		return nil, err
+	}
+	s.log.Info("backend updated", "op", "update-backend", "service", r.GetServiceName(), "backend", b.Address, "port", b.Port, "state", b.State.String(), "weight", b.Weight)
+	return &lbdv1.UpdateBackendResponse{Backend: b}, nil
+}
+
+// DeleteBackend implements lbdv1.LoadBalancerServiceServer.
+func (s *Server) DeleteBackend(_ context.Context, r *lbdv1.DeleteBackendRequest) (*lbdv1.DeleteBackendResponse, error) {
+	if err := s.st.DeleteBackend(r.GetServiceName(), r.GetAddress(), r.GetPort()); err != nil {
+		return nil, err
+	}
+	s.log.Info("backend removed", "op", "delete-backend", "service", r.GetServiceName(), "backend", r.GetAddress(), "port", r.GetPort())
+	return &lbdv1.DeleteBackendResponse{}, nil
+}
+
+// TraceFlow implements lbdv1.LoadBalancerServiceServer.
+func (s *Server) TraceFlow(ctx context.Context, r *lbdv1.TraceFlowRequest) (*lbdv1.TraceFlowResponse, error) {
+	if s.opts.Datapath == nil {
+		return nil, unimplemented("TraceFlow")
+	}
+	return s.opts.Datapath.TraceFlow(ctx, r)
+}
+
+// ListConnections implements lbdv1.LoadBalancerServiceServer.
+func (s *Server) ListConnections(ctx context.Context, r *lbdv1.ListConnectionsRequest) (*lbdv1.ListConnectionsResponse, error) {
+	if s.opts.Datapath == nil {
+		return nil, unimplemented("ListConnections")
+	}
+	return s.opts.Datapath.ListConnections(ctx, r)
+}
+
+// GetStats implements lbdv1.LoadBalancerServiceServer.
+func (s *Server) GetStats(ctx context.Context, r *lbdv1.GetStatsRequest) (*lbdv1.GetStatsResponse, error) {
+	if s.opts.Datapath == nil {
+		return nil, unimplemented("GetStats")
+	}
+	return s.opts.Datapath.GetStats(ctx, r)
+}
+
+func frontend(svc *lbdv1.Service) string {
+	return fmt.Sprintf("%s port %d %s", svc.Vip, svc.Port, svc.Protocol)
+}

@@ -1,0 +1,180 @@
+package api
+
+import (
+	"context"
+
+	"github.com/lbd-dev/lbd/daemon/store"
+	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// WatchServices implements lbdv1.LoadBalancerServiceServer: a snapshot, a SYNCED marker,
+// then every change. A watcher that falls more than WatchBuffer events behind is ended
+// with RESOURCE_EXHAUSTED rather than slowing the store down.
+func (s *Server) WatchServices(r *lbdv1.WatchServicesRequest, stream lbdv1.LoadBalancerService_WatchServicesServer) error {
+	owner := r.GetOwner()
+	ch := make(chan store.Event, s.opts.WatchBuffer)
+	overflow := make(chan struct{})
+	closed := false
+	snap, cancel := s.st.SnapshotAndListen(func(evs []store.Event) {
+		if closed {
+			return
+		}
+		for _, ev := range evs {
+			if owner != "" && ev.Service.GetOwner() != owner {
+				continue
+			}
+			select {
+			case ch <- ev:
+			default:
+				closed = true
+				close(overflow)
+				return
+			}
+		}
+	})
+	defer cancel()
+	for _, svc := range snap {
+		if owner != "" && svc.Owner != owner {
+			continue
+		}
+		if err := stream.Send(&lbdv1.WatchServicesResponse{Type: lbdv1.WatchEventType_WATCH_EVENT_TYPE_ADDED, Service: svc}); err != nil {
+			return err
+		}
+	}
+	if err := stream.Send(&lbdv1.WatchServicesResponse{Type: lbdv1.WatchEventType_WATCH_EVENT_TYPE_SYNCED}); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-stream.Context().Done():
+			return stream.Context().Err()
+		case <-overflow:
+			return status.Error(codes.ResourceExhausted, "watch fell too far behind; watch again for a fresh snapshot")
+		case ev := <-ch:
+			typ := lbdv1.WatchEventType_WATCH_EVENT_TYPE_MODIFIED
+			switch ev.Type {
+			case store.Added:
+				typ = lbdv1.WatchEventType_WATCH_EVENT_TYPE_ADDED
+			case store.Deleted:
+				typ = lbdv1.WatchEventType_WATCH_EVENT_TYPE_DELETED
+			}
+			if err := stream.Send(&lbdv1.WatchServicesResponse{Type: typ, Service: ev.Service}); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (s *Server) node() *lbdv1.Node {
+	svcs, bes := s.st.Counts()
+	n := &lbdv1.Node{
+		Roles:     s.opts.Roles,
+		Version:   s.opts.Version,
+		Drained:   s.st.Drained(),
+		Services:  uint32(svcs),
+		Backends:  uint32(bes),
+		StartTime: timestamppb.New(s.start),
+	}
+	if s.opts.Datapath != nil {
+		n.DatapathAttached = s.opts.Datapath.Attached()
+	}
+	return n
+}
+
+// GetNode implements lbdv1.NodeServiceServer.
+func (s *Server) GetNode(context.Context, *lbdv1.GetNodeRequest) (*lbdv1.GetNodeResponse, error) {
+	return &lbdv1.GetNodeResponse{Node: s.node()}, nil
+}
+
+// DrainNode implements lbdv1.NodeServiceServer.
+func (s *Server) DrainNode(context.Context, *lbdv1.DrainNodeRequest) (*lbdv1.DrainNodeResponse, error) {
+	if err := s.st.SetDrained(true); err != nil {
+		return nil, err
+	}
+	s.log.Info("node drained", "op", "drain-node")
+	return &lbdv1.DrainNodeResponse{Node: s.node()}, nil
+}
+
+// UndrainNode implements lbdv1.NodeServiceServer.
+func (s *Server) UndrainNode(context.Context, *lbdv1.UndrainNodeRequest) (*lbdv1.UndrainNodeResponse, error) {
+	if err := s.st.SetDrained(false); err != nil {
+		return nil, err
+	}
+	s.log.Info("node undrained", "op", "undrain-node")
+	return &lbdv1.UndrainNodeResponse{Node: s.node()}, nil
+}
+
+// DetachNode implements lbdv1.NodeServiceServer.
+func (s *Server) DetachNode(ctx context.Context, _ *lbdv1.DetachNodeRequest) (*lbdv1.DetachNodeResponse, error) {
+	if s.opts.Datapath == nil {
+		return nil, unimplemented("DetachNode")
+	}
+	if err := s.opts.Datapath.Detach(ctx); err != nil {
+		return nil, status.Errorf(codes.Internal, "detach datapath: %v", err)
+	}
+	s.log.Info("datapath detached", "op", "detach-node")
+	return &lbdv1.DetachNodeResponse{Node: s.node()}, nil
+}
+
+// noSpeaker is the status of every peer while the node runs no BGP speaker.
+const noSpeaker = "configured; this lbd runs no BGP speaker yet, so no session is attempted"
+
+func withPeerStatus(p *lbdv1.BgpPeer) *lbdv1.BgpPeer {
+	p.Status = &lbdv1.BgpPeerStatus{State: lbdv1.BgpSessionState_BGP_SESSION_STATE_IDLE, Reason: noSpeaker}
+	return p
+}
+
+// CreateBgpPeer implements lbdv1.BgpServiceServer.
+func (s *Server) CreateBgpPeer(_ context.Context, r *lbdv1.CreateBgpPeerRequest) (*lbdv1.CreateBgpPeerResponse, error) {
+	p, err := s.st.CreateBgpPeer(r.GetPeer())
+	if err != nil {
+		return nil, err
+	}
+	s.log.Info("bgp peer added", "op", "create-bgp-peer", "peer", p.Address, "as", p.PeerAs)
+	return &lbdv1.CreateBgpPeerResponse{Peer: withPeerStatus(p)}, nil
+}
+
+// GetBgpPeer implements lbdv1.BgpServiceServer.
+func (s *Server) GetBgpPeer(_ context.Context, r *lbdv1.GetBgpPeerRequest) (*lbdv1.GetBgpPeerResponse, error) {
+	p, err := s.st.GetBgpPeer(r.GetAddress())
+	if err != nil {
+		return nil, err
+	}
+	return &lbdv1.GetBgpPeerResponse{Peer: withPeerStatus(p)}, nil
+}
+
+// ListBgpPeers implements lbdv1.BgpServiceServer.
+func (s *Server) ListBgpPeers(context.Context, *lbdv1.ListBgpPeersRequest) (*lbdv1.ListBgpPeersResponse, error) {
+	peers := s.st.ListBgpPeers()
+	for _, p := range peers {
+		withPeerStatus(p)
+	}
+	return &lbdv1.ListBgpPeersResponse{Peers: peers}, nil
+}
+
+// UpdateBgpPeer implements lbdv1.BgpServiceServer.
+func (s *Server) UpdateBgpPeer(_ context.Context, r *lbdv1.UpdateBgpPeerRequest) (*lbdv1.UpdateBgpPeerResponse, error) {
+	p, err := s.st.UpdateBgpPeer(r.GetPeer())
+	if err != nil {
+		return nil, err
+	}
+	s.log.Info("bgp peer updated", "op", "update-bgp-peer", "peer", p.Address)
+	return &lbdv1.UpdateBgpPeerResponse{Peer: withPeerStatus(p)}, nil
+}
+
+// DeleteBgpPeer implements lbdv1.BgpServiceServer.
+func (s *Server) DeleteBgpPeer(_ context.Context, r *lbdv1.DeleteBgpPeerRequest) (*lbdv1.DeleteBgpPeerResponse, error) {
+	if err := s.st.DeleteBgpPeer(r.GetAddress()); err != nil {
+		return nil, err
+	}
+	s.log.Info("bgp peer deleted", "op", "delete-bgp-peer", "peer", r.GetAddress())
+	return &lbdv1.DeleteBgpPeerResponse{}, nil
+}
+
+// ListBgpRoutes implements lbdv1.BgpServiceServer.
+func (s *Server) ListBgpRoutes(context.Context, *lbdv1.ListBgpRoutesRequest) (*lbdv1.ListBgpRoutesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "ListBgpRoutes: this lbd runs no BGP speaker yet (the embedded GoBGP speaker is a later feature), so it advertises no route")
+}

@@ -1,0 +1,479 @@
+package store
+
+import (
+	"fmt"
+	"net/netip"
+	"regexp"
+	"slices"
+	"time"
+
+	"github.com/lbd-dev/lbd/daemon/maglev"
+	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// Limits bound what the store accepts, so one bad client cannot exhaust the datapath maps.
+type Limits struct {
+	MaxServices           int `json:"max_services"`
+	MaxBackendsPerService int `json:"max_backends_per_service"`
+	MaxSourceRanges       int `json:"max_source_ranges"`
+	MaxBgpPeers           int `json:"max_bgp_peers"`
+	// DefaultTableSize is the Maglev table size of services that do not set one. It is
+	// stored in each service, so changing it later does not reshuffle existing tables.
+	DefaultTableSize uint32 `json:"default_maglev_table_size"`
+}
+
+// DefaultLimits are sized for the datapath's default maps.
+func DefaultLimits() Limits {
+	return Limits{
+		MaxServices:           16384,
+		MaxBackendsPerService: 1024,
+		MaxSourceRanges:       256,
+		MaxBgpPeers:           64,
+		DefaultTableSize:      maglev.DefaultTableSize,
+	}
+}
+
+// Validate checks the limits themselves.
+func (l Limits) Validate() error {
+	switch {
+	case l.MaxServices < 1:
+		return fmt.Errorf("max_services must be at least 1, got %d", l.MaxServices)
+	case l.MaxBackendsPerService < 1:
+		return fmt.Errorf("max_backends_per_service must be at least 1, got %d", l.MaxBackendsPerService)
+	case l.MaxSourceRanges < 0:
+		return fmt.Errorf("max_source_ranges must not be negative, got %d", l.MaxSourceRanges)
+	case l.MaxBgpPeers < 0:
+		return fmt.Errorf("max_bgp_peers must not be negative, got %d", l.MaxBgpPeers)
+	}
+	if err := maglev.ValidateTableSize(l.DefaultTableSize); err != nil {
+		return fmt.Errorf("default_maglev_table_size: %w", err)
+	}
+	return nil
+}
+
+// nameRE is the shape of service and owner names: printable, no spaces, fit for a CLI
+// argument and a Kubernetes-derived name like "default/web:http/203.0.113.10".
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,252}$`)
+
+const (
+	maxAffinityTimeout = 24 * time.Hour
+	minHCInterval      = 100 * time.Millisecond
+	maxHCInterval      = time.Hour
+	maxRiseFall        = 100
+)
+
+// Health check defaults (documented in the proto).
+const (
+	defaultHCInterval = 5 * time.Second
+	defaultHCTimeout  = 2 * time.Second
+	defaultHCRise     = 2
+	defaultHCFall     = 3
+	defaultStatusMin  = 200
+	defaultStatusMax  = 399
+)
+
+func validateName(field, name string) *Error {
+	if name == "" {
+		return invalid(field, "must not be empty")
+	}
+	if !nameRE.MatchString(name) {
+		return invalid(field, "%q must be 1-253 characters of [A-Za-z0-9._:/-] starting with a letter or digit", name)
+	}
+	return nil
+}
+
+// parseAddr parses a unicast address in canonical form.
+func parseAddr(field, s string) (netip.Addr, *Error) {
+	if s == "" {
+		return netip.Addr{}, invalid(field, "must not be empty")
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Addr{}, invalid(field, "%q is not an IP address", s)
+	}
+	switch {
+	case a.Zone() != "":
+		return a, invalid(field, "%q: zones are not allowed", s)
+	case a.Is4In6():
+		return a, invalid(field, "%q: write IPv4-mapped addresses in IPv4 form", s)
+	case a.IsUnspecified():
+		return a, invalid(field, "%q is the unspecified address", s)
+	case a.IsMulticast():
+		return a, invalid(field, "%q is a multicast address", s)
+	case a.IsLoopback():
+		return a, invalid(field, "%q is a loopback address", s)
+	}
+	return a, nil
+}
+
+func family(a netip.Addr) string {
+	if a.Is4() {
+		return "IPv4"
+	}
+	return "IPv6"
+}
+
+func validPort(field string, p uint32) *Error {
+	if p > 65535 {
+		return invalid(field, "%d is not a port (0-65535)", p)
+	}
+	return nil
+}
+
+// normalizeService validates svc and returns a normalized copy: defaults made explicit,
+// addresses in canonical form, backends sorted. Output-only fields are cleared. svc is not
+// modified.
+func normalizeService(svc *lbdv1.Service, lim Limits) (*lbdv1.Service, *Error) {
+	if svc == nil {
+		return nil, invalid("service", "is required")
+	}
+	s := proto.Clone(svc).(*lbdv1.Service)
+	s.Id, s.Revision, s.Status = 0, 0, nil
+	if err := validateName("service.name", s.Name); err != nil {
+		return nil, err
+	}
+	if s.Owner != "" {
+		if err := validateName("service.owner", s.Owner); err != nil {
+			return nil, err
+		}
+	}
+	vip, err := parseAddr("service.vip", s.Vip)
+	if err != nil {
+		return nil, err
+	}
+	s.Vip = vip.String()
+	if err := validPort("service.port", s.Port); err != nil {
+		return nil, err
+	}
+	switch s.Protocol {
+	case lbdv1.Protocol_PROTOCOL_TCP, lbdv1.Protocol_PROTOCOL_UDP:
+	case lbdv1.Protocol_PROTOCOL_UNSPECIFIED:
+		return nil, invalid("service.protocol", "is required (TCP or UDP)")
+	default:
+		return nil, invalid("service.protocol", "unknown protocol %d", s.Protocol)
+	}
+	if s.MaglevTableSize == 0 {
+		s.MaglevTableSize = lim.DefaultTableSize
+	}
+	if err := maglev.ValidateTableSize(s.MaglevTableSize); err != nil {
+		return nil, invalid("service.maglev_table_size", "%v", err)
+	}
+	switch s.HashMode {
+	case lbdv1.HashMode_HASH_MODE_UNSPECIFIED:
+		s.HashMode = lbdv1.HashMode_HASH_MODE_FIVE_TUPLE
+	case lbdv1.HashMode_HASH_MODE_FIVE_TUPLE, lbdv1.HashMode_HASH_MODE_SOURCE_ADDRESS:
+	default:
+		return nil, invalid("service.hash_mode", "unknown hash mode %d", s.HashMode)
+	}
+	switch s.NoBackendAction {
+	case lbdv1.NoBackendAction_NO_BACKEND_ACTION_UNSPECIFIED:
+		s.NoBackendAction = lbdv1.NoBackendAction_NO_BACKEND_ACTION_REJECT
+	case lbdv1.NoBackendAction_NO_BACKEND_ACTION_REJECT, lbdv1.NoBackendAction_NO_BACKEND_ACTION_DROP:
+	default:
+		return nil, invalid("service.no_backend_action", "unknown action %d", s.NoBackendAction)
+	}
+	switch s.AdvertisePolicy {
+	case lbdv1.AdvertisePolicy_ADVERTISE_POLICY_UNSPECIFIED:
+		s.AdvertisePolicy = lbdv1.AdvertisePolicy_ADVERTISE_POLICY_IF_HEALTHY
+	case lbdv1.AdvertisePolicy_ADVERTISE_POLICY_IF_HEALTHY, lbdv1.AdvertisePolicy_ADVERTISE_POLICY_ALWAYS:
+	default:
+		return nil, invalid("service.advertise_policy", "unknown policy %d", s.AdvertisePolicy)
+	}
+	if a := s.SessionAffinity; a != nil {
+		if a.Timeout == nil {
+			return nil, invalid("service.session_affinity.timeout", "is required when session affinity is set")
+		}
+		if err := a.Timeout.CheckValid(); err != nil {
+			return nil, invalid("service.session_affinity.timeout", "%v", err)
+		}
+		d := a.Timeout.AsDuration()
+		if d < time.Second || d > maxAffinityTimeout || d%time.Second != 0 {
+			return nil, invalid("service.session_affinity.timeout", "%v must be whole seconds from 1s to %v", d, maxAffinityTimeout)
+		}
+	}
+	if err := normalizeSourceRanges(s, vip, lim); err != nil {
+		return nil, err
+	}
+	if err := normalizeHealthCheck(s); err != nil {
+		return nil, err
+	}
+	if len(s.Backends) > lim.MaxBackendsPerService {
+		return nil, invalid("service.backends", "%d backends exceed the limit of %d per service", len(s.Backends), lim.MaxBackendsPerService)
+	}
+	seen := make(map[netip.AddrPort]int, len(s.Backends))
+	var weights uint32
+	for i, b := range s.Backends {
+		field := fmt.Sprintf("service.backends[%d]", i)
+		nb, err := normalizeBackend(field, b, vip, s.Port)
+		if err != nil {
+			return nil, err
+		}
+		ap := netip.AddrPortFrom(netip.MustParseAddr(nb.Address), uint16(nb.Port))
+		if j, dup := seen[ap]; dup {
+			return nil, invalid(field, "duplicate backend %s (also backends[%d])", ap, j)
+		}
+		seen[ap] = i
+		weights += nb.Weight
+		s.Backends[i] = nb
+	}
+	if weights > s.MaglevTableSize {
+		return nil, invalid("service.backends", "weights add up to %d, more than the Maglev table size %d", weights, s.MaglevTableSize)
+	}
+	sortBackends(s.Backends)
+	return s, nil
+}
+
+func normalizeSourceRanges(s *lbdv1.Service, vip netip.Addr, lim Limits) *Error {
+	if len(s.SourceRanges) > lim.MaxSourceRanges {
+		return invalid("service.source_ranges", "%d ranges exceed the limit of %d", len(s.SourceRanges), lim.MaxSourceRanges)
+	}
+	seen := make(map[netip.Prefix]bool, len(s.SourceRanges))
+	for i, r := range s.SourceRanges {
+		field := fmt.Sprintf("service.source_ranges[%d]", i)
+		p, err := netip.ParsePrefix(r)
+		if err != nil {
+			return invalid(field, "%q is not a CIDR prefix", r)
+		}
+		if p.Addr().Is4In6() || p.Addr().Zone() != "" {
+			return invalid(field, "%q: use plain IPv4 or IPv6 prefixes", r)
+		}
+		if p.Addr().Is4() != vip.Is4() {
+			return invalid(field, "%q is not of the VIP's family (%s)", r, family(vip))
+		}
+		p = p.Masked()
+		if seen[p] {
+			return invalid(field, "duplicate range %s", p)
+		}
+		seen[p] = true
+		s.SourceRanges[i] = p.String()
+	}
+	slices.Sort(s.SourceRanges)
+	return nil
+}
+
+func normalizeHealthCheck(s *lbdv1.Service) *Error {
+	hc := s.HealthCheck
+	if hc == nil {
+		return nil
+	}
+	switch hc.Type {
+	case lbdv1.HealthCheckType_HEALTH_CHECK_TYPE_UNSPECIFIED:
+		return invalid("service.health_check.type", "is required (NONE, TCP, HTTP or HTTPS)")
+	case lbdv1.HealthCheckType_HEALTH_CHECK_TYPE_NONE:
+		s.HealthCheck = nil
+		return nil
+	case lbdv1.HealthCheckType_HEALTH_CHECK_TYPE_TCP, lbdv1.HealthCheckType_HEALTH_CHECK_TYPE_HTTP, lbdv1.HealthCheckType_HEALTH_CHECK_TYPE_HTTPS:
+	default:
+		return invalid("service.health_check.type", "unknown type %d", hc.Type)
+	}
+	if err := validPort("service.health_check.port", hc.Port); err != nil {
+		return err
+	}
+	if s.Port == 0 && hc.Port == 0 {
+		return invalid("service.health_check.port", "is required for a service on all ports")
+	}
+	http := hc.Type != lbdv1.HealthCheckType_HEALTH_CHECK_TYPE_TCP
+	if !http {
+		switch {
+		case hc.Path != "":
+			return invalid("service.health_check.path", "only HTTP and HTTPS checks have a path")
+		case hc.Host != "":
+			return invalid("service.health_check.host", "only HTTP and HTTPS checks have a host")
+		case hc.ExpectedStatusMin != 0 || hc.ExpectedStatusMax != 0:
+			return invalid("service.health_check.expected_status_min", "only HTTP and HTTPS checks have a status range")
+		}
+	}
+	if hc.InsecureSkipVerify && hc.Type != lbdv1.HealthCheckType_HEALTH_CHECK_TYPE_HTTPS {
+		return invalid("service.health_check.insecure_skip_verify", "only HTTPS checks verify certificates")
+	}
+	if http {
+		if hc.Path == "" {
+			hc.Path = "/"
+		}
+		if hc.Path[0] != '/' || len(hc.Path) > 1024 {
+			return invalid("service.health_check.path", "%q must start with / and be at most 1024 characters", hc.Path)
+		}
+		if hc.ExpectedStatusMin == 0 && hc.ExpectedStatusMax == 0 {
+			hc.ExpectedStatusMin, hc.ExpectedStatusMax = defaultStatusMin, defaultStatusMax
+		}
+		if hc.ExpectedStatusMin < 100 || hc.ExpectedStatusMax > 599 || hc.ExpectedStatusMin > hc.ExpectedStatusMax {
+			return invalid("service.health_check.expected_status_min", "range %d-%d must lie within 100-599 with min ≤ max", hc.ExpectedStatusMin, hc.ExpectedStatusMax)
+		}
+	}
+	interval, err := durationOr("service.health_check.interval", hc.Interval, defaultHCInterval)
+	if err != nil {
+		return err
+	}
+	timeout, err := durationOr("service.health_check.timeout", hc.Timeout, defaultHCTimeout)
+	if err != nil {
+		return err
+	}
+	if interval < minHCInterval || interval > maxHCInterval {
+		return invalid("service.health_check.interval", "%v must be from %v to %v", interval, minHCInterval, maxHCInterval)
+	}
+	if hc.Timeout == nil && timeout >= interval {
+		timeout = interval / 2
+	}
+	if timeout <= 0 || timeout >= interval {
+		return invalid("service.health_check.timeout", "%v must be positive and below the interval %v", timeout, interval)
+	}
+	hc.Interval, hc.Timeout = durationpb.New(interval), durationpb.New(timeout)
+	if hc.Rise == 0 {
+		hc.Rise = defaultHCRise
+	}
+	if hc.Fall == 0 {
+		hc.Fall = defaultHCFall
+	}
+	if hc.Rise > maxRiseFall {
+		return invalid("service.health_check.rise", "%d exceeds %d", hc.Rise, maxRiseFall)
+	}
+	if hc.Fall > maxRiseFall {
+		return invalid("service.health_check.fall", "%d exceeds %d", hc.Fall, maxRiseFall)
+	}
+	return nil
+}
+
+func durationOr(field string, d *durationpb.Duration, def time.Duration) (time.Duration, *Error) {
+	if d == nil {
+		return def, nil
+	}
+	if err := d.CheckValid(); err != nil {
+		return 0, invalid(field, "%v", err)
+	}
+	return d.AsDuration(), nil
+}
+
+// normalizeBackend validates one backend of a service with the given VIP and port.
+func normalizeBackend(field string, b *lbdv1.Backend, vip netip.Addr, svcPort uint32) (*lbdv1.Backend, *Error) {
+	if b == nil {
+		return nil, invalid(field, "is empty")
+	}
+	nb := proto.Clone(b).(*lbdv1.Backend)
+	nb.Id, nb.Health, nb.TableSlots = 0, nil, 0
+	addr, err := parseAddr(field+".address", nb.Address)
+	if err != nil {
+		return nil, err
+	}
+	if addr.Is4() != vip.Is4() {
+		return nil, invalid(field+".address", "%s is %s but the VIP %s is %s", addr, family(addr), vip, family(vip))
+	}
+	nb.Address = addr.String()
+	if err := validPort(field+".port", nb.Port); err != nil {
+		return nil, err
+	}
+	switch {
+	case svcPort == 0 && nb.Port != 0:
+		return nil, invalid(field+".port", "must be 0 for a service on all ports (the client's port is kept)")
+	case svcPort != 0 && nb.Port == 0:
+		return nil, invalid(field+".port", "is required (1-65535)")
+	}
+	if nb.NodeAddress == "" {
+		nb.NodeAddress = nb.Address
+	} else {
+		node, err := parseAddr(field+".node_address", nb.NodeAddress)
+		if err != nil {
+			return nil, err
+		}
+		nb.NodeAddress = node.String()
+	}
+	if nb.Weight == 0 {
+		nb.Weight = 1
+	}
+	if nb.Weight > maglev.MaxWeight {
+		return nil, invalid(field+".weight", "%d exceeds the maximum weight %d", nb.Weight, maglev.MaxWeight)
+	}
+	switch nb.State {
+	case lbdv1.BackendState_BACKEND_STATE_UNSPECIFIED:
+		nb.State = lbdv1.BackendState_BACKEND_STATE_ACTIVE
+	case lbdv1.BackendState_BACKEND_STATE_ACTIVE, lbdv1.BackendState_BACKEND_STATE_DRAINING, lbdv1.BackendState_BACKEND_STATE_DISABLED:
+	default:
+		return nil, invalid(field+".state", "unknown state %d", nb.State)
+	}
+	return nb, nil
+}
+
+func backendKey(b *lbdv1.Backend) netip.AddrPort {
+	return netip.AddrPortFrom(netip.MustParseAddr(b.Address), uint16(b.Port))
+}
+
+func sortBackends(bs []*lbdv1.Backend) {
+	slices.SortFunc(bs, func(a, b *lbdv1.Backend) int { return backendKey(a).Compare(backendKey(b)) })
+}
+
+// frontendKey identifies a service's frontend; two services may not share one.
+type frontendKey struct {
+	vip   netip.Addr
+	port  uint32
+	proto lbdv1.Protocol
+}
+
+func frontendOf(s *lbdv1.Service) frontendKey {
+	return frontendKey{netip.MustParseAddr(s.Vip), s.Port, s.Protocol}
+}
+
+func (k frontendKey) String() string {
+	p := "tcp"
+	if k.proto == lbdv1.Protocol_PROTOCOL_UDP {
+		p = "udp"
+	}
+	return fmt.Sprintf("%s/%s", netip.AddrPortFrom(k.vip, uint16(k.port)), p)
+}
+
+// normalizePeer validates a BGP peer and fills its defaults.
+func normalizePeer(p *lbdv1.BgpPeer) (*lbdv1.BgpPeer, *Error) {
+	if p == nil {
+		return nil, invalid("peer", "is required")
+	}
+	np := proto.Clone(p).(*lbdv1.BgpPeer)
+	np.Status = nil
+	addr, perr := netip.ParseAddr(np.Address)
+	if perr != nil || addr.Zone() != "" || addr.IsUnspecified() || addr.IsMulticast() {
+		return nil, invalid("peer.address", "%q is not a unicast IP address", np.Address)
+	}
+	np.Address = addr.Unmap().String()
+	if np.PeerAs == 0 || np.PeerAs == 4294967295 {
+		return nil, invalid("peer.peer_as", "%d is not a valid AS number (1-4294967294)", np.PeerAs)
+	}
+	if np.Port == 0 {
+		np.Port = 179
+	}
+	if err := validPort("peer.port", np.Port); err != nil {
+		return nil, err
+	}
+	if len(np.Password) > 80 {
+		return nil, invalid("peer.password", "TCP MD5 keys are at most 80 characters")
+	}
+	hold, err := durationOr("peer.hold_time", np.HoldTime, 90*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	if hold < 3*time.Second || hold > 65535*time.Second || hold%time.Second != 0 {
+		return nil, invalid("peer.hold_time", "%v must be whole seconds from 3s to 65535s", hold)
+	}
+	keep, err := durationOr("peer.keepalive_interval", np.KeepaliveInterval, hold/3)
+	if err != nil {
+		return nil, err
+	}
+	if keep < time.Second || keep >= hold || keep%time.Second != 0 {
+		return nil, invalid("peer.keepalive_interval", "%v must be whole seconds, at least 1s and below the hold time %v", keep, hold)
+	}
+	np.HoldTime, np.KeepaliveInterval = durationpb.New(hold), durationpb.New(keep)
+	if np.EbgpMultihopTtl > 255 {
+		return nil, invalid("peer.ebgp_multihop_ttl", "%d exceeds 255", np.EbgpMultihopTtl)
+	}
+	if np.GracefulRestart {
+		gr, err := durationOr("peer.graceful_restart_time", np.GracefulRestartTime, 120*time.Second)
+		if err != nil {
+			return nil, err
+		}
+		if gr < time.Second || gr > 4095*time.Second || gr%time.Second != 0 {
+			return nil, invalid("peer.graceful_restart_time", "%v must be whole seconds from 1s to 4095s", gr)
+		}
+		np.GracefulRestartTime = durationpb.New(gr)
+	} else if np.GracefulRestartTime != nil {
+		return nil, invalid("peer.graceful_restart_time", "is only meaningful with graceful_restart")
+	}
+	return np, nil
+}
