@@ -380,17 +380,30 @@ func (t *txn) checkFrontend(svc *lbdv1.Service) error {
 	return nil
 }
 
-// sameSpec reports whether two normalized services have the same spec (IDs, revision and
-// status aside).
+// sameSpec reports whether the normalized service a has the same spec as the stored
+// service b (IDs, revision and status aside). It borrows b's IDs into a for the
+// comparison and restores a afterwards, which avoids cloning either.
 func sameSpec(a, b *lbdv1.Service) bool {
-	a, b = proto.Clone(a).(*lbdv1.Service), proto.Clone(b).(*lbdv1.Service)
-	for _, s := range []*lbdv1.Service{a, b} {
-		s.Id, s.Revision, s.Status = 0, 0, nil
-		for _, be := range s.Backends {
-			be.Id = 0
+	if len(a.Backends) != len(b.Backends) {
+		return false
+	}
+	for i := range a.Backends {
+		if backendKey(a.Backends[i]) != backendKey(b.Backends[i]) {
+			return false
 		}
 	}
-	return proto.Equal(a, b)
+	ids := make([]uint32, len(a.Backends))
+	for i, be := range a.Backends {
+		ids[i], be.Id = be.Id, b.Backends[i].Id
+	}
+	id, rev, st := a.Id, a.Revision, a.Status
+	a.Id, a.Revision, a.Status = b.Id, b.Revision, b.Status
+	eq := proto.Equal(a, b)
+	a.Id, a.Revision, a.Status = id, rev, st
+	for i, be := range a.Backends {
+		be.Id = ids[i]
+	}
+	return eq
 }
 
 // CreateService adds a service.
@@ -546,20 +559,23 @@ func (s *Store) ApplyServices(owner string, svcs []*lbdv1.Service) (ApplyResult,
 			res.Deleted++
 		}
 	}
-	for _, svc := range want {
-		if old := t.services[svc.Name]; old != nil {
-			if sameSpec(svc, old) {
-				res.Unchanged++
-				continue
-			}
+	changed := make([]bool, len(want))
+	for i, svc := range want {
+		old := t.services[svc.Name]
+		if old != nil && sameSpec(svc, old) {
+			res.Unchanged++
+			continue
+		}
+		changed[i] = true
+		if old != nil {
 			delete(t.frontends, frontendOf(old))
 		}
 	}
-	for _, svc := range want {
-		old := t.services[svc.Name]
-		if old != nil && sameSpec(svc, old) {
+	for i, svc := range want {
+		if !changed[i] {
 			continue
 		}
+		old := t.services[svc.Name]
 		if other, ok := t.frontends[frontendOf(svc)]; ok && other != svc.Name {
 			t.abort()
 			return ApplyResult{}, alreadyExists("services.vip", "frontend %s is already used by service %q", frontendOf(svc), other)

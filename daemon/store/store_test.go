@@ -1,0 +1,193 @@
+package store
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	statev1 "github.com/lbd-dev/lbd/proto/lbd/state/v1"
+	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
+	"google.golang.org/protobuf/proto"
+)
+
+func testService(name, vip string, backends ...string) *lbdv1.Service {
+	s := &lbdv1.Service{Name: name, Vip: vip, Port: 80, Protocol: lbdv1.Protocol_PROTOCOL_TCP}
+	for _, b := range backends {
+		s.Backends = append(s.Backends, &lbdv1.Backend{Address: b, Port: 80})
+	}
+	return s
+}
+
+func open(t *testing.T, path string) *Store {
+	t.Helper()
+	s, err := Open(Options{Path: path, Limits: DefaultLimits()})
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func TestPersistAndRestoreKeepIDsAndRevisions(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.pb")
+	s := open(t, path)
+	for _, svc := range []*lbdv1.Service{
+		testService("a", "203.0.113.1", "198.18.0.1", "198.18.0.2"),
+		testService("b", "2001:db8::1", "2001:db8:1::1"),
+		testService("c", "203.0.113.3", "198.18.0.3"),
+	} {
+		if _, err := s.CreateService(svc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.DeleteService("a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CreateBgpPeer(&lbdv1.BgpPeer{Address: "198.18.0.254", PeerAs: 65000, Password: "pw"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetDrained(true); err != nil {
+		t.Fatal(err)
+	}
+	before := s.ListServices("")
+	s.Close()
+
+	r := open(t, path)
+	after := r.ListServices("")
+	if len(before) != len(after) {
+		t.Fatalf("%d services before, %d after", len(before), len(after))
+	}
+	for i := range before {
+		if !proto.Equal(before[i], after[i]) {
+			t.Errorf("service %d differs:\n%v\n%v", i, before[i], after[i])
+		}
+	}
+	if !r.Drained() || r.BgpPeersWithSecrets()[0].Password != "pw" {
+		t.Errorf("drain flag or peer password lost")
+	}
+	// IDs freed by "a" are reused, lowest first, and never collide with live ones.
+	svc, err := r.CreateService(testService("d", "203.0.113.4", "198.18.0.4", "198.18.0.5", "198.18.0.6"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if svc.Id != 1 {
+		t.Errorf("service ID %d, want the freed ID 1", svc.Id)
+	}
+	live := map[uint32]bool{}
+	for _, s := range r.ListServices("") {
+		for _, b := range s.Backends {
+			if live[b.Id] {
+				t.Errorf("backend ID %d used twice", b.Id)
+			}
+			live[b.Id] = true
+		}
+	}
+}
+
+func TestCorruptStateFilesAreRefusedAndLeftAlone(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.pb")
+	s := open(t, good)
+	if _, err := s.CreateService(testService("a", "203.0.113.1", "198.18.0.1")); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	data, err := os.ReadFile(good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flip := bytes.Clone(data)
+	flip[len(flip)-3] ^= 0x40
+	dupID, _ := encodeState(&statev1.State{Services: []*lbdv1.Service{
+		{Name: "x", Vip: "203.0.113.1", Port: 80, Protocol: lbdv1.Protocol_PROTOCOL_TCP, Id: 1},
+		{Name: "y", Vip: "203.0.113.2", Port: 80, Protocol: lbdv1.Protocol_PROTOCOL_TCP, Id: 1},
+	}})
+	invalidSvc, _ := encodeState(&statev1.State{Services: []*lbdv1.Service{{Name: "x", Vip: "nope", Id: 1}}})
+	for name, content := range map[string][]byte{
+		"empty":          {},
+		"truncated":      data[:len(data)-5],
+		"header only":    data[:headerLen],
+		"garbage":        bytes.Repeat([]byte{0xde, 0xad, 0xbe, 0xef}, 64),
+		"bit flip":       flip,
+		"duplicate id":   dupID,
+		"invalid spec":   invalidSvc,
+		"future version": append(append([]byte(stateMagic), 0, 0, 0, 9), data[12:]...),
+	} {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(dir, name+".pb")
+			if err := os.WriteFile(path, content, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, err := Open(Options{Path: path, Limits: DefaultLimits()})
+			if !errors.Is(err, ErrCorruptState) {
+				t.Fatalf("got %v, want ErrCorruptState", err)
+			}
+			after, _ := os.ReadFile(path)
+			if !bytes.Equal(after, content) {
+				t.Errorf("file was modified")
+			}
+		})
+	}
+}
+
+func TestSecondStoreOnSameFileIsRefused(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.pb")
+	open(t, path)
+	if _, err := Open(Options{Path: path, Limits: DefaultLimits()}); err == nil {
+		t.Fatal("a second store opened the same state file")
+	}
+}
+
+func TestFailedWriteLeavesStateUnchanged(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "state.pb")
+	s := open(t, path)
+	if _, err := s.CreateService(testService("a", "203.0.113.1", "198.18.0.1")); err != nil {
+		t.Fatal(err)
+	}
+	var events int
+	s.AddListener(func(evs []Event) { events += len(evs) })
+	// A directory where the temporary file should go makes every write fail.
+	if err := os.Chmod(dir, 0o500); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Chmod(dir, 0o700) })
+	if os.Geteuid() == 0 {
+		// root ignores directory permissions; replace the directory path instead.
+		s.opts.Path = filepath.Join(dir, "missing-dir", "state.pb")
+	}
+	if _, err := s.CreateService(testService("b", "203.0.113.2", "198.18.0.2")); err == nil {
+		t.Fatal("create succeeded although the state could not be written")
+	}
+	if got := s.ListServices(""); len(got) != 1 || events != 0 {
+		t.Errorf("state or listeners changed by a failed write: %d services, %d events", len(got), events)
+	}
+}
+
+func TestIDAllocReusesLowestFreeAfterCommit(t *testing.T) {
+	a := newIDAlloc([]uint32{5, 2, 3})
+	tx := a.begin()
+	got := []uint32{tx.get(), tx.get(), tx.get()}
+	tx.put(2)
+	want := []uint32{1, 4, 6}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("got %v, want %v", got, want)
+		}
+	}
+	if id := tx.get(); id != 7 {
+		t.Errorf("ID released in the same transaction was reused: %d", id)
+	}
+	tx.commit()
+	tx = a.begin()
+	if id := tx.get(); id != 2 {
+		t.Errorf("after commit got %d, want 2", id)
+	}
+	// An aborted transaction hands out the same IDs again.
+	tx2 := a.begin()
+	if id := tx2.get(); id != 2 {
+		t.Errorf("aborted transaction leaked an ID: got %d", id)
+	}
+}
