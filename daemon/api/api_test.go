@@ -255,4 +255,3 @@ func TestDatapathRPCsAnswerUnimplementedWithReason(t *testing.T) {
 		}
 	}
 }
-
