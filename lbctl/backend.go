@@ -1,0 +1,208 @@
+package lbctl
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+
+	"github.com/spf13/cobra"
+
+	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
+)
+
+func (a *app) backendCommand() *cobra.Command {
+	const (
+		active   = lbdv1.BackendState_BACKEND_STATE_ACTIVE
+		draining = lbdv1.BackendState_BACKEND_STATE_DRAINING
+		disabled = lbdv1.BackendState_BACKEND_STATE_DISABLED
+	)
+	return group("backend", "Add, remove and change the backends of a service",
+		a.backendListCommand(),
+		a.backendAddCommand(),
+		a.backendRemoveCommand(),
+		a.backendStateCommand("drain", "Stop sending new flows to a backend; established flows stay",
+			draining, disabled),
+		a.backendStateCommand("undrain", "Send new flows to a draining backend again",
+			active, disabled),
+		a.backendStateCommand("disable", "Take a backend out entirely: new and established flows stop",
+			disabled),
+		a.backendStateCommand("enable", "Send flows to a disabled backend again",
+			active, draining),
+		a.backendSetWeightCommand(),
+	)
+}
+
+func (a *app) backendListCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:               "list SERVICE",
+		Short:             "List a service's backends, sorted by address and port",
+		Args:              exactArgs("SERVICE"),
+		ValidArgsFunction: a.completeArgs(a.completeServices),
+		RunE: a.run(func(ctx context.Context, _ *cobra.Command, args []string) error {
+			lb, err := a.lb()
+			if err != nil {
+				return err
+			}
+			resp, err := lb.ListBackends(ctx, &lbdv1.ListBackendsRequest{ServiceName: args[0]})
+			if err != nil {
+				return err
+			}
+			sortBackends(resp.Backends)
+			return a.print(resp, func(w io.Writer) { writeBackendTable(w, resp.Backends) })
+		}),
+	}
+}
+
+func (a *app) backendAddCommand() *cobra.Command {
+	var node, state string
+	var weight uint32
+	cmd := &cobra.Command{
+		Use:               "add SERVICE ADDR:PORT [flags]",
+		Short:             "Add a backend to a service",
+		Example:           "  lbctl backend add web 198.18.1.12:8443 --weight 2\n  lbctl backend add web6 '[2001:db8::12]:8443' --node 198.18.1.12",
+		Args:              exactArgs("SERVICE", "ADDR:PORT"),
+		ValidArgsFunction: a.completeArgs(a.completeServices),
+	}
+	cmd.Flags().StringVar(&node, "node", "", "address of the node hosting the backend (outer header); default the backend address")
+	cmd.Flags().Uint32Var(&weight, "weight", 0, "relative weight, 1-256 (default 1)")
+	addEnumChoice(cmd, &state, "state", "initial state (default active)", lbdv1.BackendState(0))
+	cmd.RunE = a.run(func(ctx context.Context, cmd *cobra.Command, args []string) error {
+		ap, err := parseAddrPort(args[1])
+		if err != nil {
+			return err
+		}
+		b := &lbdv1.Backend{Address: ap.Addr().String(), Port: uint32(ap.Port()), NodeAddress: node, Weight: weight}
+		if cmd.Flags().Changed("state") {
+			b.State = lbdv1.BackendState(enumNumber(b.State.Descriptor(), state))
+		}
+		lb, err := a.lb()
+		if err != nil {
+			return err
+		}
+		resp, err := lb.CreateBackend(ctx, &lbdv1.CreateBackendRequest{ServiceName: args[0], Backend: b})
+		if err != nil {
+			return err
+		}
+		return a.printDone(resp.Backend, "backend %s added to service %q", ap, args[0])
+	})
+	return cmd
+}
+
+func (a *app) backendRemoveCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:               "remove SERVICE ADDR:PORT",
+		Short:             "Remove a backend from a service",
+		Args:              exactArgs("SERVICE", "ADDR:PORT"),
+		ValidArgsFunction: a.completeArgs(a.completeServices, a.completeBackends),
+		RunE: a.run(func(ctx context.Context, _ *cobra.Command, args []string) error {
+			ap, err := parseAddrPort(args[1])
+			if err != nil {
+				return err
+			}
+			lb, err := a.lb()
+			if err != nil {
+				return err
+			}
+			resp, err := lb.DeleteBackend(ctx, &lbdv1.DeleteBackendRequest{
+				ServiceName: args[0], Address: ap.Addr().String(), Port: uint32(ap.Port()),
+			})
+			if err != nil {
+				return err
+			}
+			return a.printDone(resp, "backend %s removed from service %q", ap, args[0])
+		}),
+	}
+}
+
+// backendStateCommand sets a backend's state. A backend in one of the refused states is
+// left alone: "undrain" must not revive a disabled backend, nor "enable" a draining one.
+func (a *app) backendStateCommand(use, short string, to lbdv1.BackendState, refuse ...lbdv1.BackendState) *cobra.Command {
+	return &cobra.Command{
+		Use:               use + " SERVICE ADDR:PORT",
+		Short:             short,
+		Args:              exactArgs("SERVICE", "ADDR:PORT"),
+		ValidArgsFunction: a.completeArgs(a.completeServices, a.completeBackends),
+		RunE: a.run(func(ctx context.Context, _ *cobra.Command, args []string) error {
+			return a.updateBackend(ctx, args[0], args[1], func(b *lbdv1.Backend) error {
+				if slices.Contains(refuse, b.State) {
+					return fmt.Errorf("backend %s of service %q is %s: '%s' does not apply",
+						formatEndpoint(b.Address, b.Port), args[0], label(b.State, "active"), use)
+				}
+				b.State = to
+				return nil
+			}, label(to, "active"))
+		}),
+	}
+}
+
+func (a *app) backendSetWeightCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:               "set-weight SERVICE ADDR:PORT WEIGHT",
+		Short:             "Change a backend's relative weight (1-256)",
+		Args:              exactArgs("SERVICE", "ADDR:PORT", "WEIGHT"),
+		ValidArgsFunction: a.completeArgs(a.completeServices, a.completeBackends),
+		RunE: a.run(func(ctx context.Context, _ *cobra.Command, args []string) error {
+			w, err := strconv.ParseUint(args[2], 10, 32)
+			if err != nil {
+				return usageErrorf("weight %q is not a number", args[2])
+			}
+			return a.updateBackend(ctx, args[0], args[1], func(b *lbdv1.Backend) error {
+				b.Weight = uint32(w)
+				return nil
+			}, "weight "+args[2])
+		}),
+	}
+}
+
+// updateBackend reads a backend, changes it with mutate and writes it back: UpdateBackend
+// replaces node address, weight and state together, so the others must be sent as read.
+func (a *app) updateBackend(ctx context.Context, service, addrPort string, mutate func(*lbdv1.Backend) error, done string) error {
+	ap, err := parseAddrPort(addrPort)
+	if err != nil {
+		return err
+	}
+	lb, err := a.lb()
+	if err != nil {
+		return err
+	}
+	got, err := lb.GetBackend(ctx, &lbdv1.GetBackendRequest{ServiceName: service, Address: ap.Addr().String(), Port: uint32(ap.Port())})
+	if err != nil {
+		return err
+	}
+	b := got.Backend
+	if err := mutate(b); err != nil {
+		return err
+	}
+	resp, err := lb.UpdateBackend(ctx, &lbdv1.UpdateBackendRequest{ServiceName: service, Backend: b})
+	if err != nil {
+		return err
+	}
+	return a.printDone(resp.Backend, "backend %s of service %q: %s", ap, service, done)
+}
+
+// writeBackendTable writes one row per backend. SHARE is the backend's part of the Maglev
+// table, the part of new flows it gets.
+func writeBackendTable(w io.Writer, bs []*lbdv1.Backend) {
+	var slots uint64
+	for _, b := range bs {
+		slots += uint64(b.TableSlots)
+	}
+	t := newTable(w)
+	row(t, "ADDRESS", "PORT", "NODE", "WEIGHT", "STATE", "HEALTH", "SLOTS", "SHARE")
+	for _, b := range bs {
+		share := "-"
+		if slots > 0 {
+			share = fmt.Sprintf("%.1f%%", 100*float64(b.TableSlots)/float64(slots))
+		}
+		h := b.GetHealth()
+		health := label(h.GetState(), "-")
+		if h.GetState() == lbdv1.HealthState_HEALTH_STATE_DOWN {
+			health = withReason(health, h.GetLastResult())
+		}
+		row(t, b.Address, formatPort(b.Port), dash(b.NodeAddress), b.Weight, label(b.State, "active"),
+			health, b.TableSlots, share)
+	}
+	t.Flush()
+}

@@ -1,0 +1,228 @@
+package lbctl
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
+)
+
+// buildBinaries builds lbd and lbctl (with Version set) into dir.
+func buildBinaries(t *testing.T, dir, lbctlVersion string) {
+	t.Helper()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("needs the go tool to build lbd: ", err)
+	}
+	cmd := exec.Command(goTool, "build", "-o", dir,
+		"-ldflags", "-X github.com/lbd-dev/lbd/lbctl.Version="+lbctlVersion,
+		"github.com/lbd-dev/lbd/cmd/lbd", "github.com/lbd-dev/lbd/cmd/lbctl")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build lbd and lbctl: %v\n%s", err, out)
+	}
+}
+
+// daemon is an lbd process started by a test.
+type daemon struct {
+	cmd    *exec.Cmd
+	stderr bytes.Buffer
+	done   chan error
+}
+
+func startDaemon(t *testing.T, bin string, args ...string) *daemon {
+	t.Helper()
+	d := &daemon{cmd: exec.Command(bin, args...), done: make(chan error, 1)}
+	d.cmd.Stderr = &d.stderr
+	if err := d.cmd.Start(); err != nil {
+		t.Fatalf("start lbd: %v", err)
+	}
+	go func() { d.done <- d.cmd.Wait() }()
+	t.Cleanup(func() {
+		select {
+		case <-d.done:
+		default:
+			// Still running because the test failed early: kill this process only.
+			_ = d.cmd.Process.Kill()
+			<-d.done
+		}
+		if t.Failed() {
+			t.Logf("lbd (pid %d) log:\n%s", d.cmd.Process.Pid, d.stderr.String())
+		}
+	})
+	return d
+}
+
+// stop sends SIGTERM to the daemon and waits for a clean exit.
+func (d *daemon) stop(t *testing.T) {
+	t.Helper()
+	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatalf("signal lbd: %v", err)
+	}
+	select {
+	case err := <-d.done:
+		d.done <- err // for the cleanup
+		if err != nil {
+			t.Fatalf("lbd exited with %v after SIGTERM", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("lbd did not stop within 15 s of SIGTERM")
+	}
+}
+
+// runBinary runs the lbctl binary with env added to the environment.
+func runBinary(t *testing.T, bin string, env []string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		t.Fatalf("run lbctl: %v", err)
+	}
+	return result{code: cmd.ProcessState.ExitCode(), stdout: out.String(), stderr: errOut.String()}
+}
+
+// waitReady polls the daemon with lbctl until it answers.
+func waitReady(t *testing.T, lbctlBin, server string, d *daemon) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		r := runBinary(t, lbctlBin, nil, "--server", server, "--timeout", "1s", "node", "get")
+		if r.code == ExitOK {
+			return
+		}
+		select {
+		case err := <-d.done:
+			d.done <- err
+			t.Fatalf("lbd exited early (%v)", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lbd did not answer within 15 s: %s", r.stderr)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestRealDaemon runs the lbctl binary against a real lbd process: over the Unix socket
+// (given by LBCTL_SERVER), over mutual-TLS TCP, and across a restart of the daemon.
+func TestRealDaemon(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the lbd and lbctl binaries")
+	}
+	t.Parallel()
+	bin := t.TempDir()
+	buildBinaries(t, bin, "v0.0.0-lbctl-test")
+	lbdBin, lbctlBin := filepath.Join(bin, "lbd"), filepath.Join(bin, "lbctl")
+
+	// Unix socket paths are limited to 108 bytes; t.TempDir can be longer.
+	sockDir, err := os.MkdirTemp("", "lbctl-lbd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	sock := filepath.Join(sockDir, "lbd.sock")
+	stateDir := t.TempDir()
+
+	dir := t.TempDir()
+	ca := newTestCA(t, "lbd test CA")
+	srvCert, srvKey := ca.issue(t, true, "lbd.test")
+	cliCert, cliKey := ca.issue(t, false, "operator")
+	caFile, srvCertFile, srvKeyFile := writeFile(t, dir, "ca.pem", ca.pem), writeFile(t, dir, "srv.pem", srvCert), writeFile(t, dir, "srv-key.pem", srvKey)
+	cliCertFile, cliKeyFile := writeFile(t, dir, "cli.pem", cliCert), writeFile(t, dir, "cli-key.pem", cliKey)
+	// A free port: taken from the kernel and released for lbd to bind.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tcpAddr := l.Addr().String()
+	l.Close()
+
+	lbdArgs := []string{"-socket", sock, "-state-dir", stateDir, "-listen", tcpAddr,
+		"-tls-cert", srvCertFile, "-tls-key", srvKeyFile, "-tls-client-ca", caFile}
+	d := startDaemon(t, lbdBin, lbdArgs...)
+	waitReady(t, lbctlBin, sock, d)
+
+	env := []string{serverEnv + "=unix://" + sock}
+	run := func(args ...string) result {
+		t.Helper()
+		return runBinary(t, lbctlBin, env, args...)
+	}
+	mustRun := func(args ...string) string {
+		t.Helper()
+		r := run(args...)
+		if r.code != ExitOK || r.stderr != "" {
+			t.Fatalf("lbctl %v: exit %d, stderr %q", args, r.code, r.stderr)
+		}
+		return r.stdout
+	}
+
+	mustRun("service", "create", "web", "--vip", "203.0.113.10", "--port", "443", "--protocol", "tcp",
+		"--backend", "198.18.1.10:8443", "--backend", "198.18.1.11:8443,weight=2", "--affinity-timeout", "5m")
+	mustRun("backend", "add", "web", "198.18.1.12:8443")
+	mustRun("backend", "drain", "web", "198.18.1.10:8443")
+	mustRun("bgp", "peer", "add", "198.18.0.1", "--as", "65000")
+	var before lbdv1.Service
+	parseJSON(t, mustRun("service", "get", "web", "-o", "json"), &before)
+	if len(before.Backends) != 3 || before.Backends[0].State != lbdv1.BackendState_BACKEND_STATE_DRAINING {
+		t.Fatalf("service as created: %v", &before)
+	}
+
+	versionOut, _ := exec.Command(lbdBin, "-version").CombinedOutput()
+	lbdVersion := strings.TrimSpace(strings.TrimPrefix(string(versionOut), "lbd"))
+	rows := table(t, mustRun("version"))
+	if len(rows) != 2 || rows[0][1] != "v0.0.0-lbctl-test" || rows[1][1] != lbdVersion {
+		t.Errorf("version: %v; want client v0.0.0-lbctl-test, server %q", rows, lbdVersion)
+	}
+
+	if r := run("service", "get", "nope"); r.code != ExitError || r.stdout != "" || r.stderr != "lbctl: service \"nope\" not found (code: NotFound)\n" {
+		t.Errorf("get of a missing service: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	if r := run("service", "frobnicate"); r.code != ExitUsage || r.stdout != "" {
+		t.Errorf("unknown command: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+
+	// The same over TCP with mutual TLS; refused without TLS flags.
+	tlsFlags := []string{"--server", tcpAddr, "--tls-cert", cliCertFile, "--tls-key", cliKeyFile, "--tls-ca", caFile}
+	var list lbdv1.ListServicesResponse
+	parseJSON(t, mustRun(append(tlsFlags, "service", "list", "-o", "json")...), &list)
+	if len(list.Services) != 1 || list.Services[0].Name != "web" {
+		t.Errorf("service list over TLS: %v", &list)
+	}
+	if r := run("--server", tcpAddr, "service", "list"); r.code != ExitUsage || !strings.Contains(r.stderr, "mutual TLS") {
+		t.Errorf("TCP without TLS flags: exit %d, stderr %q", r.code, r.stderr)
+	}
+
+	// The state survives a restart of the daemon.
+	d.stop(t)
+	if r := run("service", "list"); r.code != ExitError || !strings.HasSuffix(r.stderr, "(code: Unavailable)\n") {
+		t.Errorf("with lbd stopped: exit %d, stderr %q", r.code, r.stderr)
+	}
+	d = startDaemon(t, lbdBin, lbdArgs...)
+	waitReady(t, lbctlBin, sock, d)
+	var after lbdv1.Service
+	parseJSON(t, mustRun("service", "get", "web", "-o", "json"), &after)
+	after.Status, before.Status = nil, nil
+	if !proto.Equal(&before, &after) {
+		t.Errorf("service after restart:\n got %v\nwant %v", &after, &before)
+	}
+	if rows := table(t, mustRun("bgp", "peers")); len(rows) != 2 || rows[1][0] != "198.18.0.1" {
+		t.Errorf("bgp peers after restart: %v", rows)
+	}
+	d.stop(t)
+}
