@@ -56,7 +56,7 @@ bench: ## benchmarks, 5 runs each, summarized by benchstat
 
 check: deps check-generated lint test ## everything CI runs: the README's test command
 
-demo: build ## start lbd, program a service with lbctl and show it (control plane)
+demo: deps build ## install what is needed, start lbd, program a service with lbctl and show it
 	./examples/demo.sh up
 
 demo-down: ## stop the demo and remove what it created
