@@ -102,7 +102,10 @@ func (o *globalOptions) dial() (*grpc.ClientConn, error) {
 	}
 	conn, err := grpc.NewClient(target,
 		grpc.WithTransportCredentials(creds),
-		grpc.WithUserAgent("lbctl/"+clientVersion()))
+		grpc.WithUserAgent("lbctl/"+clientVersion()),
+		// A full listing of a large node (16k services × many backends) exceeds gRPC's
+		// default 4 MiB receive limit.
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxResponseBytes)))
 	if err != nil {
 		return nil, fmt.Errorf("connect to %s: %w", o.server, err)
 	}
@@ -132,3 +135,6 @@ func (o *globalOptions) tlsConfig() (*tls.Config, error) {
 	}
 	return cfg, nil
 }
+
+// maxResponseBytes bounds one response lbctl accepts.
+const maxResponseBytes = 512 << 20

@@ -4,6 +4,7 @@ package api
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -42,10 +43,12 @@ type Server struct {
 	lbdv1.UnimplementedBgpServiceServer
 	lbdv1.UnimplementedNodeServiceServer
 
-	opts  Options
-	st    *store.Store
-	log   hclog.Logger
-	start time.Time
+	opts     Options
+	st       *store.Store
+	log      hclog.Logger
+	start    time.Time
+	stopping chan struct{}
+	stopOnce sync.Once
 }
 
 // New returns a server; Register attaches it to a grpc.Server.
@@ -56,8 +59,34 @@ func New(opts Options) *Server {
 	if opts.WatchBuffer <= 0 {
 		opts.WatchBuffer = 4096
 	}
-	return &Server{opts: opts, st: opts.Store, log: opts.Logger, start: time.Now()}
+	return &Server{opts: opts, st: opts.Store, log: opts.Logger, start: time.Now(), stopping: make(chan struct{})}
 }
+
+// Shutdown ends every open stream (watches, reflection) so that a graceful stop of the
+// gRPC server does not wait for clients that never hang up. Unary calls still finish.
+func (s *Server) Shutdown() { s.stopOnce.Do(func() { close(s.stopping) }) }
+
+// StreamInterceptor cancels a stream's context when Shutdown is called. Install it on
+// every grpc.Server the API is registered on.
+func (s *Server) StreamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	ctx, cancel := context.WithCancel(ss.Context())
+	defer cancel()
+	go func() {
+		select {
+		case <-s.stopping:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return handler(srv, &stream{ServerStream: ss, ctx: ctx})
+}
+
+type stream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *stream) Context() context.Context { return s.ctx }
 
 // Register adds the server's services to g.
 func (s *Server) Register(g *grpc.Server) {

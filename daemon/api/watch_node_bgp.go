@@ -49,6 +49,8 @@ func (s *Server) WatchServices(r *lbdv1.WatchServicesRequest, stream lbdv1.LoadB
 	}
 	for {
 		select {
+		case <-s.stopping:
+			return status.Error(codes.Unavailable, "lbd is shutting down; watch again when it is back")
 		case <-stream.Context().Done():
 			return stream.Context().Err()
 		case <-overflow:

@@ -39,9 +39,16 @@ const StateFileName = "state.pb"
 // shutdownGrace bounds how long in-flight RPCs may run after SIGTERM.
 const shutdownGrace = 10 * time.Second
 
+// errVersion makes Main print the version instead of running.
+var errVersion = errors.New("version requested")
+
 // Main runs the daemon and returns its exit code.
 func Main(args []string, stdout, stderr io.Writer) int {
 	cfg, check, err := parseFlags(args, stderr)
+	if errors.Is(err, errVersion) {
+		fmt.Fprintln(stdout, "lbd", Version)
+		return 0
+	}
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
@@ -90,8 +97,7 @@ func parseFlags(args []string, stderr io.Writer) (config.Config, bool, error) {
 		return config.Config{}, false, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
 	if *version {
-		fmt.Fprintln(fs.Output(), "lbd", Version)
-		return config.Config{}, false, flag.ErrHelp
+		return config.Config{}, false, errVersion
 	}
 	cfg := config.Default()
 	if *cfgPath != "" {
@@ -164,15 +170,19 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 		}
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
 	}
-	// The Unix socket needs no TLS: its 0600 mode restricts it to the daemon's user.
-	unixSrv := grpc.NewServer()
-	tcpSrv := grpc.NewServer(opts...)
 	apiSrv := api.New(api.Options{Store: st, Logger: log.Named("api"), Version: Version, Roles: cfg.Roles})
+	opts = append(opts, grpc.ChainStreamInterceptor(apiSrv.StreamInterceptor))
+	// The Unix socket needs no TLS: its 0600 mode restricts it to the daemon's user.
+	unixSrv := grpc.NewServer(grpc.ChainStreamInterceptor(apiSrv.StreamInterceptor))
+	tcpSrv := grpc.NewServer(opts...)
 	hs := health.NewServer()
 	for _, g := range []*grpc.Server{unixSrv, tcpSrv} {
 		apiSrv.Register(g)
 		healthpb.RegisterHealthServer(g, hs)
 		reflection.Register(g)
+	}
+	for name := range unixSrv.GetServiceInfo() {
+		hs.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
 	}
 
 	errc := make(chan error, 2)
@@ -196,6 +206,7 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 	}
 	log.Info("shutting down", "op", "stop")
 	hs.Shutdown()
+	apiSrv.Shutdown()
 	done := make(chan struct{})
 	go func() {
 		unixSrv.GracefulStop()

@@ -1,0 +1,208 @@
+package config_test
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/lbd-dev/lbd/daemon/config"
+	"sigs.k8s.io/yaml"
+)
+
+const example = "../../examples/lbd.yaml"
+
+// TestExampleIsDefault checks that the sample configuration, which documents the
+// defaults, says what Default actually is.
+func TestExampleIsDefault(t *testing.T) {
+	got, err := config.Load(example)
+	if err != nil {
+		t.Fatalf("load %s: %v", example, err)
+	}
+	want := config.Default()
+	// The example spells out "roles: []"; an empty list and none mean the same.
+	if len(got.Roles) == 0 && len(want.Roles) == 0 {
+		got.Roles, want.Roles = nil, nil
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("%s loads as\n%+v\nbut Default() is\n%+v", example, got, want)
+	}
+	if err := want.Validate(); err != nil {
+		t.Errorf("Default() is invalid: %v", err)
+	}
+}
+
+// keys returns the dotted paths of every leaf key of a decoded JSON/YAML object.
+func keys(prefix string, v any) []string {
+	m, ok := v.(map[string]any)
+	if !ok {
+		return []string{prefix}
+	}
+	var out []string
+	for k, sub := range m {
+		if prefix != "" {
+			k = prefix + "." + k
+		}
+		out = append(out, keys(k, sub)...)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestExampleDocumentsEveryField checks that every configuration field appears in the
+// sample configuration, the file the package documentation points to.
+func TestExampleDocumentsEveryField(t *testing.T) {
+	data, err := os.ReadFile(example)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc any
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		t.Fatalf("parse %s: %v", example, err)
+	}
+	raw, err := json.Marshal(config.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var def any
+	if err := json.Unmarshal(raw, &def); err != nil {
+		t.Fatal(err)
+	}
+	documented := keys("", doc)
+	for _, k := range keys("", def) {
+		if !slices.Contains(documented, k) {
+			t.Errorf("field %s is not in %s", k, example)
+		}
+	}
+}
+
+func writeConfig(t *testing.T, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "lbd.yaml")
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestLoadKeepsDefaults checks that a file setting a few fields keeps the defaults of the
+// others, including sibling fields in the same section.
+func TestLoadKeepsDefaults(t *testing.T) {
+	path := writeConfig(t, "log:\n  json: true\nlimits:\n  max_services: 10\nroles: [lb, backend]\n")
+	got, err := config.Load(path)
+	if err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	want := config.Default()
+	want.Log.JSON = true
+	want.Limits.MaxServices = 10
+	want.Roles = []string{config.RoleLB, config.RoleBackend}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("loaded\n%+v\nwant\n%+v", got, want)
+	}
+}
+
+// TestLoadErrors checks that a file that cannot be used is an error naming the file and
+// the offending field.
+func TestLoadErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		content string
+		want    []string
+	}{
+		{"unknown top-level field", "stat_dir: /var/lib/lbd\n", []string{"unknown field", "stat_dir"}},
+		{"unknown nested field", "api:\n  tcp:\n    listen_addr: 127.0.0.1:1\n", []string{"unknown field", "listen_addr"}},
+		{"unknown limit", "limits:\n  max_vips: 3\n", []string{"unknown field", "max_vips"}},
+		{"wrong type", "log:\n  json: sometimes\n", []string{"json"}},
+		{"wrong type of number", "limits:\n  max_services: many\n", []string{"max_services"}},
+		{"not YAML", "log: [unclosed\n", []string{"parse config"}},
+		{"field twice", "state_dir: /a\nstate_dir: /b\n", []string{"state_dir"}},
+		{"invalid value", "log:\n  level: chatty\n", []string{"log.level", "chatty"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := writeConfig(t, tc.content)
+			_, err := config.Load(path)
+			if err == nil {
+				t.Fatalf("Load accepted %q", tc.content)
+			}
+			for _, w := range append(tc.want, path) {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q lacks %q", err, w)
+				}
+			}
+		})
+	}
+
+	missing := filepath.Join(t.TempDir(), "absent.yaml")
+	if _, err := config.Load(missing); err == nil || !strings.Contains(err.Error(), missing) {
+		t.Errorf("Load of a missing file: %v, want an error naming it", err)
+	}
+}
+
+// TestValidate sends each rule a configuration that breaks it and expects an error naming
+// the field; the valid variants next to them must pass.
+func TestValidate(t *testing.T) {
+	withTCP := func(c *config.Config) {
+		c.API.TCP = config.TCP{Listen: "127.0.0.1:7443", CertFile: "/etc/lbd/cert.pem", KeyFile: "/etc/lbd/key.pem", ClientCAFile: "/etc/lbd/ca.pem"}
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(*config.Config)
+		// want are the strings the error must contain; none means the config is valid.
+		want []string
+	}{
+		{"default", func(*config.Config) {}, nil},
+		{"every level", func(c *config.Config) { c.Log.Level = "trace" }, nil},
+		{"empty log level", func(c *config.Config) { c.Log.Level = "" }, []string{"log.level"}},
+		{"unknown log level", func(c *config.Config) { c.Log.Level = "verbose" }, []string{"log.level", "verbose"}},
+		{"upper-case log level", func(c *config.Config) { c.Log.Level = "INFO" }, []string{"log.level", "INFO"}},
+		{"empty state dir", func(c *config.Config) { c.StateDir = "" }, []string{"state_dir", "absolute"}},
+		{"relative state dir", func(c *config.Config) { c.StateDir = "var/lib/lbd" }, []string{"state_dir", "var/lib/lbd"}},
+		{"no listener", func(c *config.Config) { c.API.Socket = "" }, []string{"api", "unreachable"}},
+		{"TCP only", func(c *config.Config) { c.API.Socket = ""; withTCP(c) }, nil},
+		{"socket and TCP", withTCP, nil},
+		{"relative socket", func(c *config.Config) { c.API.Socket = "lbd.sock" }, []string{"api.socket", "lbd.sock"}},
+		{"listen without port", func(c *config.Config) { withTCP(c); c.API.TCP.Listen = "127.0.0.1" }, []string{"api.tcp.listen", "host:port"}},
+		{"listen without certificate", func(c *config.Config) { withTCP(c); c.API.TCP.CertFile = "" }, []string{"api.tcp", "cert_file"}},
+		{"listen without key", func(c *config.Config) { withTCP(c); c.API.TCP.KeyFile = "" }, []string{"api.tcp", "key_file"}},
+		{"listen without client CA", func(c *config.Config) { withTCP(c); c.API.TCP.ClientCAFile = "" }, []string{"api.tcp", "client_ca_file"}},
+		{"certificates without listen", func(c *config.Config) { withTCP(c); c.API.TCP.Listen = "" }, nil},
+		{"both roles", func(c *config.Config) { c.Roles = []string{"lb", "backend"} }, nil},
+		{"unknown role", func(c *config.Config) { c.Roles = []string{"router"} }, []string{"roles", "router"}},
+		{"role twice", func(c *config.Config) { c.Roles = []string{"lb", "lb"} }, []string{"roles", "twice"}},
+		{"no services allowed", func(c *config.Config) { c.Limits.MaxServices = 0 }, []string{"limits", "max_services"}},
+		{"no backends allowed", func(c *config.Config) { c.Limits.MaxBackendsPerService = 0 }, []string{"limits", "max_backends_per_service"}},
+		{"negative source ranges", func(c *config.Config) { c.Limits.MaxSourceRanges = -1 }, []string{"limits", "max_source_ranges"}},
+		{"negative BGP peers", func(c *config.Config) { c.Limits.MaxBgpPeers = -1 }, []string{"limits", "max_bgp_peers"}},
+		{"zero BGP peers", func(c *config.Config) { c.Limits.MaxBgpPeers = 0 }, nil},
+		{"smallest table", func(c *config.Config) { c.Limits.DefaultTableSize = 251 }, nil},
+		{"largest table", func(c *config.Config) { c.Limits.DefaultTableSize = 131071 }, nil},
+		{"table not prime", func(c *config.Config) { c.Limits.DefaultTableSize = 1000 }, []string{"limits", "default_maglev_table_size", "1000"}},
+		{"table too small", func(c *config.Config) { c.Limits.DefaultTableSize = 241 }, []string{"limits", "default_maglev_table_size", "241"}},
+		{"table too large", func(c *config.Config) { c.Limits.DefaultTableSize = 131101 }, []string{"limits", "default_maglev_table_size", "131101"}},
+		{"several errors", func(c *config.Config) { c.Log.Level = "loud"; c.StateDir = "rel"; c.Roles = []string{"x"} }, []string{"log.level", "state_dir", "roles"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := config.Default()
+			tc.edit(&c)
+			err := c.Validate()
+			if len(tc.want) == 0 {
+				if err != nil {
+					t.Fatalf("valid configuration refused: %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("invalid configuration accepted: %+v", c)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q lacks %q", err, w)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,241 @@
+package lbd_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+// ca is a test certificate authority.
+type ca struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pem  []byte
+}
+
+var serial int64
+
+// issue creates a certificate signed by parent (self-signed when parent is nil).
+func issue(t *testing.T, parent *ca, tmpl *x509.Certificate) (*x509.Certificate, *ecdsa.PrivateKey, []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatalf("generate key: %v", err)
+	}
+	serial++
+	tmpl.SerialNumber = big.NewInt(serial)
+	tmpl.NotBefore = time.Now().Add(-time.Hour)
+	tmpl.NotAfter = time.Now().Add(time.Hour)
+	signer, signerKey := tmpl, key
+	if parent != nil {
+		signer, signerKey = parent.cert, parent.key
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, signer, &key.PublicKey, signerKey)
+	if err != nil {
+		t.Fatalf("create certificate %q: %v", tmpl.Subject.CommonName, err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatalf("parse certificate: %v", err)
+	}
+	return cert, key, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
+func newCA(t *testing.T, name string) *ca {
+	cert, key, p := issue(t, nil, &x509.Certificate{
+		Subject:               pkix.Name{CommonName: name},
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	})
+	return &ca{cert: cert, key: key, pem: p}
+}
+
+// leaf issues a server or client certificate and returns it as a tls.Certificate and in
+// PEM form (certificate, key).
+func (c *ca) leaf(t *testing.T, name string, usage x509.ExtKeyUsage, ips ...net.IP) (tls.Certificate, []byte, []byte) {
+	t.Helper()
+	_, key, certPEM := issue(t, c, &x509.Certificate{
+		Subject:     pkix.Name{CommonName: name},
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{usage},
+		IPAddresses: ips,
+	})
+	der, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatalf("marshal key: %v", err)
+	}
+	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatalf("load key pair: %v", err)
+	}
+	return pair, certPEM, keyPEM
+}
+
+// freePort returns a TCP address on 127.0.0.1 that was free a moment ago.
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("find a free port: %v", err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+func writeFile(t *testing.T, dir, name string, data []byte) string {
+	t.Helper()
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatalf("write %s: %v", name, err)
+	}
+	return path
+}
+
+// tlsFixture is a server certificate for 127.0.0.1 and a client CA, written to files for
+// lbd's flags.
+type tlsFixture struct {
+	ca                   *ca
+	certFile, keyFile    string
+	clientCAFile         string
+	serverName           string
+	clientCert           tls.Certificate
+	rogueClientCert      tls.Certificate
+	serverOnlyClientCert tls.Certificate
+}
+
+func newTLSFixture(t *testing.T) tlsFixture {
+	dir := t.TempDir()
+	root := newCA(t, "lbd test CA")
+	_, srvCert, srvKey := root.leaf(t, "lbd server", x509.ExtKeyUsageServerAuth, net.IPv4(127, 0, 0, 1))
+	client, _, _ := root.leaf(t, "lbctl", x509.ExtKeyUsageClientAuth)
+	serverOnly, _, _ := root.leaf(t, "not a client", x509.ExtKeyUsageServerAuth)
+	rogue, _, _ := newCA(t, "another CA").leaf(t, "lbctl", x509.ExtKeyUsageClientAuth)
+	return tlsFixture{
+		ca:                   root,
+		certFile:             writeFile(t, dir, "server.pem", srvCert),
+		keyFile:              writeFile(t, dir, "server-key.pem", srvKey),
+		clientCAFile:         writeFile(t, dir, "client-ca.pem", root.pem),
+		serverName:           "127.0.0.1",
+		clientCert:           client,
+		rogueClientCert:      rogue,
+		serverOnlyClientCert: serverOnly,
+	}
+}
+
+func (f tlsFixture) args(listen string) []string {
+	return []string{"--listen", listen, "--tls-cert", f.certFile, "--tls-key", f.keyFile, "--tls-client-ca", f.clientCAFile}
+}
+
+// getNodeTCP calls GetNode over TCP with the given transport credentials.
+func getNodeTCP(t *testing.T, addr string, creds credentials.TransportCredentials) (*lbdv1.GetNodeResponse, error) {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		t.Fatalf("dial %s: %v", addr, err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return lbdv1.NewNodeServiceClient(conn).GetNode(ctx, &lbdv1.GetNodeRequest{})
+}
+
+// TestMutualTLS checks the TCP listener: it serves the API to a client whose certificate
+// chains to the client CA, and to nobody else.
+func TestMutualTLS(t *testing.T) {
+	f := newTLSFixture(t)
+	addr := freePort(t)
+	in := newInstance(t)
+	startLBD(t, in, f.args(addr)...)
+
+	roots := x509.NewCertPool()
+	roots.AddCert(f.ca.cert)
+	clientTLS := func(certs ...tls.Certificate) credentials.TransportCredentials {
+		return credentials.NewTLS(&tls.Config{RootCAs: roots, ServerName: f.serverName, Certificates: certs})
+	}
+
+	res, err := getNodeTCP(t, addr, clientTLS(f.clientCert))
+	if err != nil {
+		t.Fatalf("GetNode with a valid client certificate: %v", err)
+	}
+	if res.Node.GetVersion() == "" {
+		t.Errorf("GetNode over TCP: %v, want the node with its version", res)
+	}
+
+	for _, tc := range []struct {
+		name  string
+		creds credentials.TransportCredentials
+	}{
+		{"no client certificate", clientTLS()},
+		{"client certificate of another CA", clientTLS(f.rogueClientCert)},
+		{"certificate not for client authentication", clientTLS(f.serverOnlyClientCert)},
+		{"plaintext", insecure.NewCredentials()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := getNodeTCP(t, addr, tc.creds)
+			if err == nil {
+				t.Fatalf("GetNode succeeded: %v", res)
+			}
+			if code := status.Code(err); code != codes.Unavailable {
+				t.Errorf("GetNode: %v, want code Unavailable (handshake refused)", err)
+			}
+			t.Logf("refused: %v", err)
+		})
+	}
+}
+
+// TestTLSFilesMustLoad checks that the TCP listener does not start with certificate files
+// it cannot use, and that the message says which.
+func TestTLSFilesMustLoad(t *testing.T) {
+	f := newTLSFixture(t)
+	dir := t.TempDir()
+	notPEM := writeFile(t, dir, "not-a-ca.pem", []byte("this is not a certificate\n"))
+	for _, tc := range []struct {
+		name          string
+		cert, key, ca string
+		want          []string
+	}{
+		{name: "missing server certificate", cert: filepath.Join(dir, "absent.pem"), key: f.keyFile, ca: f.clientCAFile, want: []string{"load server certificate", "absent.pem"}},
+		{name: "key of another certificate", cert: f.certFile, key: writeFile(t, dir, "other-key.pem", otherKeyPEM(t, f)), ca: f.clientCAFile, want: []string{"load server certificate"}},
+		{name: "client CA without a certificate", cert: f.certFile, key: f.keyFile, ca: notPEM, want: []string{"client CA", "not-a-ca.pem", "no PEM certificate"}},
+		{name: "missing client CA", cert: f.certFile, key: f.keyFile, ca: filepath.Join(dir, "absent-ca.pem"), want: []string{"read client CA", "absent-ca.pem"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := newInstance(t)
+			code, out := runExit(t, 5*time.Second, in.args("--listen", freePort(t), "--tls-cert", tc.cert, "--tls-key", tc.key, "--tls-client-ca", tc.ca)...)
+			if code == 0 {
+				t.Fatalf("lbd exited 0; output:\n%s", out)
+			}
+			assertContains(t, out, tc.want...)
+			if _, err := os.Stat(in.socket); err == nil {
+				t.Errorf("lbd left its socket %s behind", in.socket)
+			}
+		})
+	}
+}
+
+// otherKeyPEM returns a valid key that does not match the fixture's server certificate.
+func otherKeyPEM(t *testing.T, f tlsFixture) []byte {
+	_, _, keyPEM := f.ca.leaf(t, "unrelated", x509.ExtKeyUsageServerAuth)
+	return keyPEM
+}
