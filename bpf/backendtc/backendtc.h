@@ -1,0 +1,127 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Maps, map types and constants of the backend-node TC programs. The Go package
+ * backendtc mirrors these layouts (through bpf2go -type) and the counter order. */
+#ifndef LBD_BACKENDTC_H
+#define LBD_BACKENDTC_H
+
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+/* tcx verdicts; Debian's 6.1 uapi headers predate tcx, so they are spelled here. */
+#define LBD_TCX_NEXT -1
+#define LBD_TCX_DROP 2
+
+/* Missing from the 6.1 uapi headers (TESTBED.md); own names so that newer headers,
+ * which declare them in an enum, do not clash. */
+#define LBD_ADJ_ROOM_DECAP_L3_IPV4 (1ULL << 7)
+#define LBD_ADJ_ROOM_DECAP_L3_IPV6 (1ULL << 8)
+
+#define LBD_AF_INET 4
+#define LBD_AF_INET6 6
+
+/* Non-critical options are skipped; a Geneve header with more options than this
+ * is refused rather than walked, so the loop stays short. */
+#define LBD_MAX_GENEVE_OPTS 8
+
+/* last_seen is rewritten at most this often per entry, so that ingress and egress
+ * CPUs do not bounce the cache line on every packet. The GC works in seconds. */
+#define LBD_NAT_TOUCH_NS 1000000000ULL
+
+/* nat_val.flags */
+#define LBD_NAT_F_CLOSING 0x1 /* a FIN or RST was seen: the GC uses the short timeout */
+
+/* Allowed LB sources: IPv4 is stored IPv4-mapped (::ffff:a.b.c.d) with prefixlen+96,
+ * so one trie serves both families. */
+struct lpm_key {
+	__u32 prefixlen;
+	__u8 addr[16];
+};
+
+/* One direction-agnostic NAT entry per backend flow. Addresses are 16 bytes; an IPv4
+ * address fills the first 4 and the rest is zero. Ports are in network order. */
+struct nat_key {
+	__u8 backend[16];
+	__u8 client[16];
+	__be16 backend_port;
+	__be16 client_port;
+	__u8 proto;
+	__u8 family; /* LBD_AF_INET or LBD_AF_INET6 */
+	__u8 pad[2];
+};
+
+struct nat_val {
+	__u8 vip[16];
+	__be16 vip_port;
+	__u8 family;
+	__u8 flags;      /* LBD_NAT_F_* */
+	__u32 pad;
+	__u64 last_seen; /* bpf_ktime_get_boot_ns() (CLOCK_BOOTTIME) of the last packet */
+};
+
+struct config {
+	__u32 vni; /* Geneve VNI accepted on ingress */
+	__u32 pad;
+};
+
+/* Per-CPU counters, indexed by reason. The Go package lists them in this order. */
+enum counter {
+	CNT_DECAP_OK,
+	CNT_DECAP_NO_NAT,
+	CNT_NAT_CREATED,
+	CNT_NAT_REFRESHED,
+	CNT_NAT_REPLACED,
+	CNT_NAT_CLOSING,
+	CNT_SNAT_DONE,
+	CNT_ICMP_TRANSLATED,
+	CNT_PASS_FRAGMENT,
+	CNT_DROP_NOT_ALLOWED,
+	CNT_DROP_MISSING_OPT,
+	CNT_DROP_MALFORMED_OPT,
+	CNT_DROP_UNKNOWN_CRITICAL,
+	CNT_DROP_BAD_LEN,
+	CNT_DROP_BAD_GENEVE,
+	CNT_DROP_VNI,
+	CNT_DROP_BAD_INNER,
+	CNT_DROP_DECAP_FAILED,
+	CNT_DROP_NAT_FAILED,
+	CNT_DROP_SNAT_FAILED,
+	CNT_MAX,
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 1024);
+	__type(key, struct lpm_key);
+	__type(value, __u8);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} betc_allowed SEC(".maps");
+
+/* LRU so that a full table evicts the stalest flow instead of refusing new ones;
+ * the size is set at load time by the Go package. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 262144);
+	__type(key, struct nat_key);
+	__type(value, struct nat_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} betc_nat SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, CNT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} betc_counters SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct config);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} betc_config SEC(".maps");
+
+#endif

@@ -1,0 +1,393 @@
+//go:build linux
+
+package backendtc
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os/exec"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf/link"
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// requireTools skips when a command the namespace tests drive is missing.
+func requireTools(t *testing.T, tools ...string) {
+	t.Helper()
+	requireRoot(t)
+	for _, tool := range tools {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("needs %s: %v", tool, err)
+		}
+	}
+}
+
+func sh(t *testing.T, args ...string) {
+	t.Helper()
+	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v: %s", strings.Join(args, " "), err, out)
+	}
+}
+
+// inNS runs fn on a thread switched into the named network namespace. A thread that
+// cannot be switched back is left locked, so the runtime discards it.
+func inNS(name string, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			errc <- fmt.Errorf("get current netns: %w", err)
+			return
+		}
+		defer orig.Close()
+		target, err := netns.GetFromName(name)
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("open netns %s: %w", name, err)
+			return
+		}
+		defer target.Close()
+		if err := netns.Set(target); err != nil {
+			errc <- fmt.Errorf("enter netns %s: %w", name, err)
+			return
+		}
+		err = fn()
+		if netns.Set(orig) == nil {
+			runtime.UnlockOSThread()
+		}
+		errc <- err
+	}()
+	return <-errc
+}
+
+// topo is an LB-side namespace (where the test injects Geneve and captures replies)
+// and a backend namespace running the TC programs, joined by a veth pair.
+type topo struct {
+	lbNS, beNS     string
+	lbIf, beIf     string
+	lbMAC, beMAC   net.HardwareAddr
+	lbIdx, beIdx   int
+	lbAddr, beAddr netip.Addr
+	client         netip.Addr
+}
+
+func newTopo(t *testing.T, v6, txOff bool) *topo {
+	t.Helper()
+	var rnd [3]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		t.Fatal(err)
+	}
+	sfx := hex.EncodeToString(rnd[:])
+	tp := &topo{lbNS: "betc-lb-" + sfx, beNS: "betc-be-" + sfx, lbIf: "btl" + sfx, beIf: "btb" + sfx}
+	prefix, route := "/24", "198.19.200.0/24"
+	tp.lbAddr, tp.beAddr = netip.MustParseAddr("198.18.200.1"), netip.MustParseAddr("198.18.200.2")
+	tp.client = netip.MustParseAddr("198.19.200.7")
+	if v6 {
+		prefix, route = "/64", "2001:db8:c8::/64"
+		tp.lbAddr, tp.beAddr = netip.MustParseAddr("2001:db8:c7::1"), netip.MustParseAddr("2001:db8:c7::2")
+		tp.client = netip.MustParseAddr("2001:db8:c8::7")
+	}
+
+	for _, ns := range []string{tp.lbNS, tp.beNS} {
+		sh(t, "ip", "netns", "add", ns)
+		t.Cleanup(func() { exec.Command("ip", "netns", "delete", ns).Run() })
+	}
+	sh(t, "ip", "link", "add", tp.lbIf, "netns", tp.lbNS, "type", "veth", "peer", "name", tp.beIf,
+		"netns", tp.beNS)
+	for _, side := range []struct {
+		ns, ifc string
+		addr    netip.Addr
+	}{{tp.lbNS, tp.lbIf, tp.lbAddr}, {tp.beNS, tp.beIf, tp.beAddr}} {
+		args := []string{"ip", "-n", side.ns, "addr", "add", side.addr.String() + prefix, "dev", side.ifc}
+		if v6 {
+			args = append(args, "nodad")
+		}
+		sh(t, args...)
+		sh(t, "ip", "-n", side.ns, "link", "set", side.ifc, "up")
+		sh(t, "ip", "-n", side.ns, "link", "set", "lo", "up")
+	}
+	sh(t, "ip", "-n", tp.beNS, "route", "add", route, "via", tp.lbAddr.String())
+	// Off: the backend's stack writes full checksums, so the capture can verify
+	// them. On: replies stay CHECKSUM_PARTIAL and the capture checks the seed.
+	tx := "on"
+	if txOff {
+		tx = "off"
+	}
+	sh(t, "ip", "netns", "exec", tp.beNS, "ethtool", "-K", tp.beIf, "tx", tx)
+
+	for _, side := range []struct {
+		ns, ifc string
+		mac     *net.HardwareAddr
+		idx     *int
+	}{{tp.lbNS, tp.lbIf, &tp.lbMAC, &tp.lbIdx}, {tp.beNS, tp.beIf, &tp.beMAC, &tp.beIdx}} {
+		err := inNS(side.ns, func() error {
+			ifc, err := net.InterfaceByName(side.ifc)
+			if err != nil {
+				return err
+			}
+			*side.mac, *side.idx = ifc.HardwareAddr, ifc.Index
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return tp
+}
+
+// rawSocket opens an AF_PACKET socket on the LB side's interface: it injects the
+// frames an LB node would send and sees every frame the backend node sends back.
+func (tp *topo) rawSocket(t *testing.T) int {
+	t.Helper()
+	fd := -1
+	err := inNS(tp.lbNS, func() error {
+		var err error
+		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_ALL)))
+		if err != nil {
+			return fmt.Errorf("open packet socket: %w", err)
+		}
+		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: tp.lbIdx})
+	})
+	if fd >= 0 {
+		t.Cleanup(func() { unix.Close(fd) })
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	tv := unix.NsecToTimeval(int64(200 * time.Millisecond))
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		t.Fatal(err)
+	}
+	return fd
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// segment is a TCP segment as captured on the LB side.
+type segment struct {
+	ip  []byte
+	tcp *layers.TCP
+	src netip.AddrPort
+	dst netip.AddrPort
+}
+
+// nextSegment returns the next TCP segment the backend node sends to client, or
+// fails after the deadline.
+func nextSegment(t *testing.T, fd int, client netip.AddrPort, deadline time.Time) segment {
+	t.Helper()
+	buf := make([]byte, 4096)
+	for time.Now().Before(deadline) {
+		n, from, err := unix.Recvfrom(fd, buf, 0)
+		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("capture: %v", err)
+		}
+		if ll, ok := from.(*unix.SockaddrLinklayer); ok && ll.Pkttype == unix.PACKET_OUTGOING {
+			continue
+		}
+		pkt := gopacket.NewPacket(append([]byte(nil), buf[:n]...), layers.LayerTypeEthernet, gopacket.Default)
+		tcp, ok := pkt.Layer(layers.LayerTypeTCP).(*layers.TCP)
+		nl := pkt.NetworkLayer()
+		if !ok || nl == nil {
+			continue
+		}
+		src, _ := netip.AddrFromSlice(nl.NetworkFlow().Src().Raw())
+		dst, _ := netip.AddrFromSlice(nl.NetworkFlow().Dst().Raw())
+		s := segment{ip: pkt.Data()[14:], tcp: tcp,
+			src: netip.AddrPortFrom(src, uint16(tcp.SrcPort)), dst: netip.AddrPortFrom(dst, uint16(tcp.DstPort))}
+		if s.dst == client {
+			return s
+		}
+	}
+	t.Fatalf("no TCP segment to %v before the deadline", client)
+	return segment{}
+}
+
+// checkPartialSeed verifies a CHECKSUM_PARTIAL segment: its checksum field must hold
+// the folded pseudo-header sum of its own (SNAT'ed) addresses, which the NIC or the
+// stack completes later.
+func checkPartialSeed(ip []byte) error {
+	var l4 []byte
+	if ip[0]>>4 == 4 {
+		hl := int(ip[0]&0x0f) * 4
+		l4 = ip[hl:binary.BigEndian.Uint16(ip[2:4])]
+		if got := fold(sum16(ip[:hl], 0)); got != 0xffff {
+			return fmt.Errorf("IPv4 header checksum: sum %#04x", got)
+		}
+	} else {
+		l4 = ip[40 : 40+binary.BigEndian.Uint16(ip[4:6])]
+	}
+	want := fold(pseudoSum(ip, 6, len(l4)))
+	if got := binary.BigEndian.Uint16(l4[16:18]); got != want {
+		return fmt.Errorf("partial checksum seed %#04x, want pseudo-header sum %#04x", got, want)
+	}
+	return nil
+}
+
+// TestNetnsTCPHandshake runs a real TCP server behind the TC programs: Geneve frames
+// built as an LB node builds them are injected from a peer namespace, the handshake
+// completes, and every reply captured on the LB side comes from VIP:port with valid
+// checksums.
+func TestNetnsTCPHandshake(t *testing.T) {
+	requireTools(t, "ip", "ethtool")
+	for _, tc := range []struct {
+		name      string
+		v6, txOff bool
+		vip       netip.AddrPort
+	}{
+		{name: "IPv4 tx off", txOff: true, vip: netip.MustParseAddrPort("203.0.113.20:80")},
+		{name: "IPv6 tx off", v6: true, txOff: true, vip: netip.MustParseAddrPort("[2001:db8:f::20]:80")},
+		{name: "IPv4 tx on", vip: netip.MustParseAddrPort("203.0.113.20:80")},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testHandshake(t, tc.v6, tc.txOff, tc.vip) })
+	}
+}
+
+func testHandshake(t *testing.T, v6, txOff bool, vip netip.AddrPort) {
+	tp := newTopo(t, v6, txOff)
+	d := newDatapath(t)
+	bits := 32
+	if v6 {
+		bits = 128
+	}
+	if err := d.AddAllowedSource(netip.PrefixFrom(tp.lbAddr, bits)); err != nil {
+		t.Fatal(err)
+	}
+	err := inNS(tp.beNS, func() error {
+		for _, attach := range []func(int) (link.Link, error){d.AttachIngress, d.AttachEgress} {
+			l, err := attach(tp.beIdx)
+			if err != nil {
+				return err
+			}
+			t.Cleanup(func() { l.Close() })
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	backend := netip.AddrPortFrom(tp.beAddr, 8080)
+	var ln net.Listener
+	if err := inNS(tp.beNS, func() error {
+		var err error
+		ln, err = net.Listen("tcp", backend.String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	accepted := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			accepted <- err
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		accepted <- nil
+		buf := make([]byte, 64)
+		n, err := c.Read(buf)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return
+		}
+		c.Write(append([]byte("pong:"), buf[:n]...))
+	}()
+
+	fd := tp.rawSocket(t)
+	client := netip.AddrPortFrom(tp.client, 41000)
+	enc := encap{src: tp.lbAddr, dst: tp.beAddr, vni: 2, opts: dsrOpt(vip),
+		srcMAC: tp.lbMAC, dstMAC: tp.beMAC}
+	const iss = 7000
+	send := func(seq, ack uint32, flags tcpFlags, payload []byte) {
+		t.Helper()
+		inner := tcpSegment(t, client, backend, seq, ack, flags, payload)
+		if _, err := unix.Write(fd, enc.frame(t, inner)); err != nil {
+			t.Fatalf("inject: %v", err)
+		}
+	}
+	check := func(s segment) {
+		t.Helper()
+		if s.src != vip {
+			t.Errorf("reply from %v, want %v", s.src, vip)
+		}
+		var err error
+		if txOff {
+			err = checkIPPacket(s.ip)
+		} else {
+			err = checkPartialSeed(s.ip)
+		}
+		if err != nil {
+			t.Errorf("reply %v: %v", s.tcp.TransportFlow(), err)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+
+	send(iss, 0, tcpFlags{SYN: true}, nil)
+	synAck := nextSegment(t, fd, client, deadline)
+	check(synAck)
+	if !synAck.tcp.SYN || !synAck.tcp.ACK || synAck.tcp.Ack != iss+1 {
+		t.Fatalf("want SYN-ACK for %d, got %v", iss+1, synAck.tcp)
+	}
+	send(iss+1, synAck.tcp.Seq+1, tcpFlags{ACK: true}, nil)
+	select {
+	case err := <-accepted:
+		if err != nil {
+			t.Fatalf("accept: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("handshake did not complete: no connection accepted")
+	}
+	send(iss+1, synAck.tcp.Seq+1, tcpFlags{ACK: true}, []byte("ping"))
+	var data segment
+	for data = nextSegment(t, fd, client, deadline); len(data.tcp.Payload) == 0; {
+		check(data)
+		data = nextSegment(t, fd, client, deadline)
+	}
+	check(data)
+	if string(data.tcp.Payload) != "pong:ping" {
+		t.Errorf("payload %q, want %q", data.tcp.Payload, "pong:ping")
+	}
+
+	e, err := d.LookupNAT(NATKey{Proto: ProtoTCP, Backend: backend, Client: client})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.VIP != vip {
+		t.Errorf("NAT entry VIP %v, want %v", e.VIP, vip)
+	}
+	cs, err := d.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cs[CounterDecapOK] < 3 || cs[CounterSNATDone] < 2 {
+		t.Errorf("counters %v: want ≥3 decapsulated and ≥2 SNAT'ed", cs)
+	}
+}
+
+// tcpSegment builds a client segment with explicit sequence numbers.
+func tcpSegment(tb testing.TB, src, dst netip.AddrPort, seq, ack uint32, f tcpFlags, payload []byte) []byte {
+	ip := ipLayer(src.Addr(), dst.Addr(), layers.IPProtocolTCP)
+	tcp := &layers.TCP{SrcPort: layers.TCPPort(src.Port()), DstPort: layers.TCPPort(dst.Port()),
+		Seq: seq, Ack: ack, Window: 65535, SYN: f.SYN, ACK: f.ACK, FIN: f.FIN, RST: f.RST,
+		PSH: len(payload) > 0}
+	tcp.SetNetworkLayerForChecksum(ip)
+	return serialize(tb, ip.(gopacket.SerializableLayer), tcp, gopacket.Payload(payload))
+}
