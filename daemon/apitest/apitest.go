@@ -27,6 +27,12 @@ func Start(t testing.TB) string { return StartServer(t, store.DefaultLimits()).A
 
 // StartServer is Start with limits, returning the store too.
 func StartServer(t testing.TB, lim store.Limits) *Server {
+	return StartWithDatapath(t, lim, nil)
+}
+
+// StartWithDatapath is StartServer with a datapath behind the inspection RPCs (trace,
+// connections, stats, detach); tests of clients pass a fake one.
+func StartWithDatapath(t testing.TB, lim store.Limits, dp api.Datapath) *Server {
 	t.Helper()
 	// Unix socket paths are limited to 108 bytes; t.TempDir can be longer.
 	dir, err := os.MkdirTemp("", "lbd-apitest-")
@@ -44,7 +50,7 @@ func StartServer(t testing.TB, lim store.Limits) *Server {
 		t.Fatalf("listen: %v", err)
 	}
 	g := grpc.NewServer()
-	api.New(api.Options{Store: st, Version: "test", Roles: nil}).Register(g)
+	api.New(api.Options{Store: st, Version: "test", Datapath: dp}).Register(g)
 	go func() { _ = g.Serve(ln) }() // returns when Stop is called below
 	t.Cleanup(func() {
 		g.Stop()

@@ -4,12 +4,15 @@
 package config
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
+	"time"
 
 	"github.com/lbd-dev/lbd/daemon/store"
 	"sigs.k8s.io/yaml"
@@ -22,9 +25,59 @@ type Config struct {
 	StateDir string `json:"state_dir"`
 	API      API    `json:"api"`
 	// Roles this node plays: "lb", "backend"; empty runs the control plane only.
-	Roles  []string     `json:"roles"`
-	Limits store.Limits `json:"limits"`
+	Roles    []string     `json:"roles"`
+	Limits   store.Limits `json:"limits"`
+	Datapath Datapath     `json:"datapath"`
+	// MetricsListen is the host:port of the Prometheus /metrics listener; empty disables it.
+	MetricsListen string `json:"metrics_listen"`
 }
+
+// Datapath configures the BPF programs of the roles.
+type Datapath struct {
+	// Interfaces are the uplinks: XDP on LB nodes, TC ingress and egress on backend nodes.
+	Interfaces []string `json:"interfaces"`
+	// BPFFSDir is this instance's bpffs directory; lbd mounts a bpffs there if needed.
+	BPFFSDir string `json:"bpffs_dir"`
+	// HashSeed feeds the flow hash; every LB node of a VIP must use the same one.
+	HashSeed uint32 `json:"hash_seed"`
+	// VNI of the Geneve header (DESIGN §2: 2 by default).
+	VNI uint32 `json:"vni"`
+	// UnderlayV4 and UnderlayV6 are the LB node's outer source addresses; empty takes
+	// the first address of the first interface.
+	UnderlayV4 string `json:"underlay_v4"`
+	UnderlayV6 string `json:"underlay_v6"`
+	// LBSources are the prefixes a backend node accepts Geneve from (its LB nodes).
+	LBSources []string `json:"lb_sources"`
+	// ConntrackSize is the LB conntrack table's size in flows; NATSize the backend's.
+	ConntrackSize uint32 `json:"conntrack_size"`
+	NATSize       uint32 `json:"nat_size"`
+	// GC bounds the garbage collector's adaptive interval.
+	GCMinInterval Duration `json:"gc_min_interval"`
+	GCMaxInterval Duration `json:"gc_max_interval"`
+	// NAT entries on backend nodes expire after this idle time (closing TCP: the second).
+	NATIdleTimeout    Duration `json:"nat_idle_timeout"`
+	NATClosingTimeout Duration `json:"nat_closing_timeout"`
+}
+
+// Duration is a time.Duration written as a Go duration string ("90s", "1h").
+type Duration time.Duration
+
+// UnmarshalJSON parses a duration string.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("duration must be a string like \"30s\": %w", err)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalJSON writes a duration string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
 
 // Log configures logging.
 type Log struct {
@@ -57,8 +110,23 @@ func Default() Config {
 		StateDir: "/var/lib/lbd",
 		API:      API{Socket: "/run/lbd/lbd.sock"},
 		Limits:   store.DefaultLimits(),
+		Datapath: Datapath{
+			BPFFSDir:          "/sys/fs/bpf/lbd",
+			HashSeed:          DefaultHashSeed,
+			VNI:               2,
+			ConntrackSize:     1 << 20,
+			NATSize:           1 << 18,
+			GCMinInterval:     Duration(time.Second),
+			GCMaxInterval:     Duration(time.Minute),
+			NATIdleTimeout:    Duration(time.Hour),
+			NATClosingTimeout: Duration(time.Minute),
+		},
+		MetricsListen: "127.0.0.1:9310",
 	}
 }
+
+// DefaultHashSeed is the flow-hash seed of every LB node that does not set one.
+const DefaultHashSeed = 0x6c626431
 
 // Load reads a configuration file over the defaults. Unknown fields are errors.
 func Load(path string) (Config, error) {
@@ -118,5 +186,51 @@ func (c Config) Validate() error {
 	if err := c.Limits.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("limits: %w", err))
 	}
+	if c.MetricsListen != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
+			errs = append(errs, fmt.Errorf("metrics_listen: %q is not host:port", c.MetricsListen))
+		}
+	}
+	errs = append(errs, c.Datapath.validate(len(c.Roles) > 0, slices.Contains(c.Roles, RoleBackend))...)
 	return errors.Join(errs...)
+}
+
+func (d Datapath) validate(anyRole, backend bool) []error {
+	var errs []error
+	if anyRole && len(d.Interfaces) == 0 {
+		errs = append(errs, errors.New("datapath.interfaces: a node with a role needs at least one uplink interface"))
+	}
+	if d.BPFFSDir == "" || !filepath.IsAbs(d.BPFFSDir) {
+		errs = append(errs, fmt.Errorf("datapath.bpffs_dir: %q must be an absolute path", d.BPFFSDir))
+	}
+	if d.VNI >= 1<<24 {
+		errs = append(errs, fmt.Errorf("datapath.vni: %d does not fit 24 bits", d.VNI))
+	}
+	for field, s := range map[string]string{"underlay_v4": d.UnderlayV4, "underlay_v6": d.UnderlayV6} {
+		if s == "" {
+			continue
+		}
+		a, err := netip.ParseAddr(s)
+		if err != nil || a.Is4() != (field == "underlay_v4") {
+			errs = append(errs, fmt.Errorf("datapath.%s: %q is not an %s address", field, s, map[bool]string{true: "IPv4", false: "IPv6"}[field == "underlay_v4"]))
+		}
+	}
+	for i, s := range d.LBSources {
+		if _, err := netip.ParsePrefix(s); err != nil {
+			errs = append(errs, fmt.Errorf("datapath.lb_sources[%d]: %q is not a CIDR prefix", i, s))
+		}
+	}
+	if backend && len(d.LBSources) == 0 {
+		errs = append(errs, errors.New("datapath.lb_sources: a backend node must list the prefixes of its LB nodes (Geneve from anywhere else is dropped)"))
+	}
+	if d.ConntrackSize < 1024 || d.NATSize < 1024 {
+		errs = append(errs, fmt.Errorf("datapath: conntrack_size (%d) and nat_size (%d) must be at least 1024", d.ConntrackSize, d.NATSize))
+	}
+	if d.GCMinInterval <= 0 || d.GCMaxInterval < d.GCMinInterval {
+		errs = append(errs, fmt.Errorf("datapath: need 0 < gc_min_interval (%v) ≤ gc_max_interval (%v)", time.Duration(d.GCMinInterval), time.Duration(d.GCMaxInterval)))
+	}
+	if d.NATIdleTimeout <= 0 || d.NATClosingTimeout <= 0 {
+		errs = append(errs, errors.New("datapath: nat_idle_timeout and nat_closing_timeout must be positive"))
+	}
+	return errs
 }

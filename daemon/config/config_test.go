@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/lbd-dev/lbd/daemon/config"
 	"sigs.k8s.io/yaml"
@@ -26,6 +27,9 @@ func TestExampleIsDefault(t *testing.T) {
 	// The example spells out "roles: []"; an empty list and none mean the same.
 	if len(got.Roles) == 0 && len(want.Roles) == 0 {
 		got.Roles, want.Roles = nil, nil
+	}
+	if len(got.Datapath.Interfaces) == 0 && len(got.Datapath.LBSources) == 0 {
+		got.Datapath.Interfaces, got.Datapath.LBSources = want.Datapath.Interfaces, want.Datapath.LBSources
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("%s loads as\n%+v\nbut Default() is\n%+v", example, got, want)
@@ -91,7 +95,8 @@ func writeConfig(t *testing.T, content string) string {
 // TestLoadKeepsDefaults checks that a file setting a few fields keeps the defaults of the
 // others, including sibling fields in the same section.
 func TestLoadKeepsDefaults(t *testing.T) {
-	path := writeConfig(t, "log:\n  json: true\nlimits:\n  max_services: 10\nroles: [lb, backend]\n")
+	path := writeConfig(t, "log:\n  json: true\nlimits:\n  max_services: 10\nroles: [lb, backend]\n"+
+		"datapath:\n  interfaces: [eth0]\n  lb_sources: [198.18.0.0/24]\n  gc_max_interval: 2m\n")
 	got, err := config.Load(path)
 	if err != nil {
 		t.Fatalf("load: %v", err)
@@ -100,6 +105,9 @@ func TestLoadKeepsDefaults(t *testing.T) {
 	want.Log.JSON = true
 	want.Limits.MaxServices = 10
 	want.Roles = []string{config.RoleLB, config.RoleBackend}
+	want.Datapath.Interfaces = []string{"eth0"}
+	want.Datapath.LBSources = []string{"198.18.0.0/24"}
+	want.Datapath.GCMaxInterval = config.Duration(2 * time.Minute)
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("loaded\n%+v\nwant\n%+v", got, want)
 	}
@@ -144,6 +152,11 @@ func TestLoadErrors(t *testing.T) {
 
 // TestValidate sends each rule a configuration that breaks it and expects an error naming
 // the field; the valid variants next to them must pass.
+func withDatapath(c *config.Config) {
+	c.Datapath.Interfaces = []string{"eth0"}
+	c.Datapath.LBSources = []string{"198.18.0.0/24"}
+}
+
 func TestValidate(t *testing.T) {
 	withTCP := func(c *config.Config) {
 		c.API.TCP = config.TCP{Listen: "127.0.0.1:7443", CertFile: "/etc/lbd/cert.pem", KeyFile: "/etc/lbd/key.pem", ClientCAFile: "/etc/lbd/ca.pem"}
@@ -170,7 +183,19 @@ func TestValidate(t *testing.T) {
 		{"listen without key", func(c *config.Config) { withTCP(c); c.API.TCP.KeyFile = "" }, []string{"api.tcp", "key_file"}},
 		{"listen without client CA", func(c *config.Config) { withTCP(c); c.API.TCP.ClientCAFile = "" }, []string{"api.tcp", "client_ca_file"}},
 		{"certificates without listen", func(c *config.Config) { withTCP(c); c.API.TCP.Listen = "" }, nil},
-		{"both roles", func(c *config.Config) { c.Roles = []string{"lb", "backend"} }, nil},
+		{"both roles", func(c *config.Config) { c.Roles = []string{"lb", "backend"}; withDatapath(c) }, nil},
+		{"role without interface", func(c *config.Config) { c.Roles = []string{"lb"} }, []string{"datapath.interfaces"}},
+		{"backend without LB sources", func(c *config.Config) { withDatapath(c); c.Roles = []string{"backend"}; c.Datapath.LBSources = nil }, []string{"datapath.lb_sources"}},
+		{"bad LB source", func(c *config.Config) { withDatapath(c); c.Datapath.LBSources = []string{"198.18.0.0/33"} }, []string{"datapath.lb_sources[0]"}},
+		{"underlay family", func(c *config.Config) { c.Datapath.UnderlayV4 = "2001:db8::1" }, []string{"datapath.underlay_v4"}},
+		{"underlay v6 family", func(c *config.Config) { c.Datapath.UnderlayV6 = "198.18.0.1" }, []string{"datapath.underlay_v6"}},
+		{"relative bpffs dir", func(c *config.Config) { c.Datapath.BPFFSDir = "bpf" }, []string{"datapath.bpffs_dir"}},
+		{"vni too big", func(c *config.Config) { c.Datapath.VNI = 1 << 24 }, []string{"datapath.vni"}},
+		{"tiny conntrack", func(c *config.Config) { c.Datapath.ConntrackSize = 10 }, []string{"conntrack_size"}},
+		{"gc bounds", func(c *config.Config) { c.Datapath.GCMaxInterval = config.Duration(time.Millisecond) }, []string{"gc_min_interval"}},
+		{"nat timeout", func(c *config.Config) { c.Datapath.NATIdleTimeout = 0 }, []string{"nat_idle_timeout"}},
+		{"metrics listen", func(c *config.Config) { c.MetricsListen = "9310" }, []string{"metrics_listen"}},
+		{"total backends below per-service", func(c *config.Config) { c.Limits.MaxBackends = 10 }, []string{"max_backends"}},
 		{"unknown role", func(c *config.Config) { c.Roles = []string{"router"} }, []string{"roles", "router"}},
 		{"role twice", func(c *config.Config) { c.Roles = []string{"lb", "lb"} }, []string{"roles", "twice"}},
 		{"no services allowed", func(c *config.Config) { c.Limits.MaxServices = 0 }, []string{"limits", "max_services"}},

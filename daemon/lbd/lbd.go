@@ -12,17 +12,25 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/lbd-dev/lbd/daemon/api"
 	"github.com/lbd-dev/lbd/daemon/config"
+	"github.com/lbd-dev/lbd/daemon/datapath"
+	"github.com/lbd-dev/lbd/daemon/gc"
+	"github.com/lbd-dev/lbd/daemon/metrics"
+	"github.com/lbd-dev/lbd/daemon/reconcile"
 	"github.com/lbd-dev/lbd/daemon/store"
+	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
@@ -39,8 +47,26 @@ const StateFileName = "state.pb"
 // shutdownGrace bounds how long in-flight RPCs may run after SIGTERM.
 const shutdownGrace = 10 * time.Second
 
-// errVersion makes Main print the version instead of running.
-var errVersion = errors.New("version requested")
+// errVersion makes Main print the version instead of running; errDetach makes it remove
+// the pinned datapath.
+var (
+	errVersion = errors.New("version requested")
+	errDetach  = errors.New("detach requested")
+)
+
+// listFlag is a repeatable flag; each use may also hold a comma-separated list.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+
+func (l *listFlag) Set(v string) error {
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			*l = append(*l, s)
+		}
+	}
+	return nil
+}
 
 // Main runs the daemon and returns its exit code.
 func Main(args []string, stdout, stderr io.Writer) int {
@@ -50,6 +76,14 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if errors.Is(err, errDetach) {
+		if err := datapath.DetachDir(cfg.Datapath.BPFFSDir); err != nil {
+			fmt.Fprintf(stderr, "lbd: detach: %v\n", err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "datapath under %s detached\n", cfg.Datapath.BPFFSDir)
 		return 0
 	}
 	if err != nil {
@@ -89,7 +123,17 @@ func parseFlags(args []string, stderr io.Writer) (config.Config, bool, error) {
 	cert := fs.String("tls-cert", "", "server certificate for the TCP listener")
 	key := fs.String("tls-key", "", "server key for the TCP listener")
 	ca := fs.String("tls-client-ca", "", "CA that client certificates must chain to")
-	role := fs.String("role", "", "roles: lb, backend or both (the datapath; not part of this build yet)")
+	role := fs.String("role", "", "roles: lb, backend or both")
+	var ifaces, lbSources listFlag
+	fs.Var(&ifaces, "interface", "uplink interface (repeatable)")
+	fs.Var(&lbSources, "lb-source", "backend role: prefix of LB nodes allowed to send Geneve (repeatable)")
+	bpffsDir := fs.String("bpffs-dir", "", "this instance's bpffs directory")
+	underlay4 := fs.String("underlay-v4", "", "LB role: outer IPv4 source address")
+	underlay6 := fs.String("underlay-v6", "", "LB role: outer IPv6 source address")
+	hashSeed := fs.Uint("hash-seed", 0, "flow-hash seed, the same on every LB node")
+	ctSize := fs.Uint("conntrack-size", 0, "LB conntrack table size in flows")
+	metricsListen := fs.String("metrics-listen", "", "Prometheus /metrics address (empty: off)")
+	detach := fs.Bool("detach", false, "remove the datapath pinned under the bpffs directory and exit")
 	if err := fs.Parse(args); err != nil {
 		return config.Config{}, false, err
 	}
@@ -123,6 +167,28 @@ func parseFlags(args []string, stderr io.Writer) (config.Config, bool, error) {
 	if set["log-json"] {
 		cfg.Log.JSON = *logJSON
 	}
+	override("bpffs-dir", &cfg.Datapath.BPFFSDir, *bpffsDir)
+	override("underlay-v4", &cfg.Datapath.UnderlayV4, *underlay4)
+	override("underlay-v6", &cfg.Datapath.UnderlayV6, *underlay6)
+	override("metrics-listen", &cfg.MetricsListen, *metricsListen)
+	if set["interface"] {
+		cfg.Datapath.Interfaces = ifaces
+	}
+	if set["lb-source"] {
+		cfg.Datapath.LBSources = lbSources
+	}
+	if set["hash-seed"] {
+		if *hashSeed > 1<<32-1 {
+			return cfg, false, fmt.Errorf("--hash-seed: %d does not fit 32 bits", *hashSeed)
+		}
+		cfg.Datapath.HashSeed = uint32(*hashSeed)
+	}
+	if set["conntrack-size"] {
+		if *ctSize > 1<<32-1 {
+			return cfg, false, fmt.Errorf("--conntrack-size: %d does not fit 32 bits", *ctSize)
+		}
+		cfg.Datapath.ConntrackSize = uint32(*ctSize)
+	}
 	if set["role"] {
 		switch *role {
 		case "both":
@@ -131,22 +197,28 @@ func parseFlags(args []string, stderr io.Writer) (config.Config, bool, error) {
 			cfg.Roles = []string{*role}
 		}
 	}
+	if *detach {
+		return cfg, false, errDetach
+	}
 	if err := cfg.Validate(); err != nil {
 		return cfg, false, err
-	}
-	if len(cfg.Roles) > 0 {
-		return cfg, false, fmt.Errorf("roles %v: this build of lbd has no datapath manager yet, so it runs the control plane only; leave roles empty", cfg.Roles)
 	}
 	return cfg, *check, nil
 }
 
 func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 	path := filepath.Join(cfg.StateDir, StateFileName)
+	reason := ""
+	if len(cfg.Roles) == 0 {
+		reason = "no datapath: this lbd runs the control plane only (no --role)"
+	} else if !slices.Contains(cfg.Roles, config.RoleLB) {
+		reason = "programmed on LB nodes; this node is a backend node"
+	}
 	st, err := store.Open(store.Options{
 		Path:         path,
 		Limits:       cfg.Limits,
 		Logger:       log.Named("store"),
-		StatusReason: "no datapath: this lbd runs the control plane only",
+		StatusReason: reason,
 	})
 	if errors.Is(err, store.ErrCorruptState) {
 		return fmt.Errorf("%w. %s", err, store.RecoveryHint)
@@ -157,6 +229,55 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 	defer st.Close()
 	svcs, bes := st.Counts()
 	log.Info("state restored", "op", "start", "path", path, "services", svcs, "backends", bes)
+
+	var mgr *datapath.Manager
+	var apiDP api.Datapath
+	if len(cfg.Roles) > 0 {
+		dcfg, err := datapathConfig(cfg)
+		if err != nil {
+			return err
+		}
+		if mgr, err = datapath.Open(dcfg, log.Named("datapath")); err != nil {
+			return fmt.Errorf("open datapath: %w", err)
+		}
+		// Closing keeps the pinned programs forwarding: a restart drops nothing.
+		defer mgr.Close()
+		apiDP = mgr
+	}
+	var met *metrics.Metrics
+	if mgr != nil {
+		met = metrics.New(func() (*lbdv1.GetStatsResponse, error) { return mgr.GetStats(ctx, nil) },
+			map[string]uint32{"conntrack": cfg.Datapath.ConntrackSize, "nat": cfg.Datapath.NATSize})
+	} else {
+		met = metrics.New(nil, nil)
+	}
+	if cfg.MetricsListen != "" {
+		go func() {
+			if err := met.Serve(ctx, cfg.MetricsListen, log.Named("metrics")); err != nil {
+				log.Error("metrics listener failed", "op", "metrics", "error", err)
+			}
+		}()
+	}
+	// Workers stop before the datapath handles close (defers run last-in first-out).
+	ctx, cancel := context.WithCancel(ctx)
+	var workers sync.WaitGroup
+	defer workers.Wait()
+	defer cancel()
+	if mgr != nil {
+		rec := reconcile.New(st, mgr, log.Named("reconcile"))
+		rec.Observe = met.ObserveReconcile
+		workers.Add(2)
+		go func() {
+			defer workers.Done()
+			if err := rec.Run(ctx); err != nil {
+				log.Error("reconciler stopped", "op", "reconcile", "error", err)
+			}
+		}()
+		go func() {
+			defer workers.Done()
+			mgr.RunGC(ctx, met.ObserveGC)
+		}()
+	}
 
 	var opts []grpc.ServerOption
 	var tcpLn net.Listener
@@ -170,7 +291,7 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 		}
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
 	}
-	apiSrv := api.New(api.Options{Store: st, Logger: log.Named("api"), Version: Version, Roles: cfg.Roles})
+	apiSrv := api.New(api.Options{Store: st, Logger: log.Named("api"), Version: Version, Roles: cfg.Roles, Datapath: apiDP})
 	opts = append(opts, grpc.ChainStreamInterceptor(apiSrv.StreamInterceptor))
 	// The Unix socket needs no TLS: its 0600 mode restricts it to the daemon's user.
 	unixSrv := grpc.NewServer(grpc.ChainStreamInterceptor(apiSrv.StreamInterceptor))
@@ -270,4 +391,35 @@ func serverTLS(c config.TCP) (*tls.Config, error) {
 		ClientCAs:    pool,
 		MinVersion:   tls.VersionTLS12,
 	}, nil
+}
+
+// datapathConfig turns the configuration into the datapath manager's.
+func datapathConfig(cfg config.Config) (datapath.Config, error) {
+	d := cfg.Datapath
+	dc := datapath.Config{
+		LB:                slices.Contains(cfg.Roles, config.RoleLB),
+		Backend:           slices.Contains(cfg.Roles, config.RoleBackend),
+		Interfaces:        d.Interfaces,
+		BPFFSDir:          d.BPFFSDir,
+		HashSeed:          d.HashSeed,
+		VNI:               d.VNI,
+		ConntrackSize:     d.ConntrackSize,
+		NATSize:           d.NATSize,
+		MaxServices:       uint32(cfg.Limits.MaxServices) + 1, // IDs 1..MaxServices
+		MaxBackends:       uint32(cfg.Limits.MaxBackends) + 1,
+		GC:                gc.Interval{Min: time.Duration(d.GCMinInterval), Max: time.Duration(d.GCMaxInterval), Start: time.Duration(d.GCMinInterval) * 10},
+		NATIdleTimeout:    time.Duration(d.NATIdleTimeout),
+		NATClosingTimeout: time.Duration(d.NATClosingTimeout),
+	}
+	dc.GC.Start = min(max(dc.GC.Start, dc.GC.Min), dc.GC.Max)
+	if d.UnderlayV4 != "" {
+		dc.Underlay4 = netip.MustParseAddr(d.UnderlayV4) // validated
+	}
+	if d.UnderlayV6 != "" {
+		dc.Underlay6 = netip.MustParseAddr(d.UnderlayV6)
+	}
+	for _, p := range d.LBSources {
+		dc.LBSources = append(dc.LBSources, netip.MustParsePrefix(p))
+	}
+	return dc, dc.GC.Validate()
 }

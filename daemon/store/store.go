@@ -282,6 +282,18 @@ func (s *Store) begin() *txn {
 	}
 }
 
+// checkBackendTotal enforces Limits.MaxBackends over all services of the transaction.
+func (t *txn) checkBackendTotal() error {
+	n := 0
+	for _, svc := range t.services {
+		n += len(svc.Backends)
+	}
+	if lim := t.s.opts.Limits.MaxBackends; n > lim {
+		return failedPrecondition("", "%d backends in all would exceed the limit of %d", n, lim)
+	}
+	return nil
+}
+
 // abort ends a transaction without effect.
 func (t *txn) abort() { t.s.writeMu.Unlock() }
 
@@ -290,6 +302,9 @@ func (t *txn) abort() { t.s.writeMu.Unlock() }
 func (t *txn) commit() error {
 	s := t.s
 	defer s.writeMu.Unlock()
+	if err := t.checkBackendTotal(); err != nil {
+		return err
+	}
 	if t.persist && s.opts.Path != "" {
 		data, err := encodeState(t.state())
 		if err != nil {

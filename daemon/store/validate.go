@@ -17,8 +17,11 @@ import (
 type Limits struct {
 	MaxServices           int `json:"max_services"`
 	MaxBackendsPerService int `json:"max_backends_per_service"`
-	MaxSourceRanges       int `json:"max_source_ranges"`
-	MaxBgpPeers           int `json:"max_bgp_peers"`
+	// MaxBackends bounds the backends of all services together (backend IDs index a
+	// datapath map of this size).
+	MaxBackends     int `json:"max_backends"`
+	MaxSourceRanges int `json:"max_source_ranges"`
+	MaxBgpPeers     int `json:"max_bgp_peers"`
 	// DefaultTableSize is the Maglev table size of services that do not set one. It is
 	// stored in each service, so changing it later does not reshuffle existing tables.
 	DefaultTableSize uint32 `json:"default_maglev_table_size"`
@@ -29,6 +32,7 @@ func DefaultLimits() Limits {
 	return Limits{
 		MaxServices:           16384,
 		MaxBackendsPerService: 1024,
+		MaxBackends:           65535,
 		MaxSourceRanges:       256,
 		MaxBgpPeers:           64,
 		DefaultTableSize:      maglev.DefaultTableSize,
@@ -42,6 +46,8 @@ func (l Limits) Validate() error {
 		return fmt.Errorf("max_services must be at least 1, got %d", l.MaxServices)
 	case l.MaxBackendsPerService < 1:
 		return fmt.Errorf("max_backends_per_service must be at least 1, got %d", l.MaxBackendsPerService)
+	case l.MaxBackends < l.MaxBackendsPerService:
+		return fmt.Errorf("max_backends (%d) must be at least max_backends_per_service (%d)", l.MaxBackends, l.MaxBackendsPerService)
 	case l.MaxSourceRanges < 0:
 		return fmt.Errorf("max_source_ranges must not be negative, got %d", l.MaxSourceRanges)
 	case l.MaxBgpPeers < 0:

@@ -1,0 +1,101 @@
+//go:build linux
+
+package datapath
+
+import (
+	"context"
+	"time"
+
+	"github.com/lbd-dev/lbd/bpf/backendtc"
+	"github.com/lbd-dev/lbd/bpf/lbxdp"
+	"github.com/lbd-dev/lbd/daemon/gc"
+)
+
+// conntrackTable adapts the LB conntrack map to the collector.
+type conntrackTable struct{ lb *lbxdp.Datapath }
+
+func (conntrackTable) Name() string { return "conntrack" }
+
+func (t conntrackTable) Sweep(now time.Duration) (scanned, deleted int, err error) {
+	var expired []lbxdp.Flow
+	err = t.lb.Conntrack(func(e lbxdp.CTEntry) bool {
+		scanned++
+		if e.Expired(now) {
+			expired = append(expired, e.Flow)
+		}
+		return true
+	})
+	if err != nil {
+		return scanned, 0, err
+	}
+	deleted, err = t.lb.DeleteConntrack(expired)
+	return scanned, deleted, err
+}
+
+// natTable adapts the backend NAT map to the collector.
+type natTable struct {
+	be            *backendtc.Datapath
+	idle, closing time.Duration
+}
+
+func (natTable) Name() string { return "nat" }
+
+func (t natTable) Sweep(time.Duration) (scanned, deleted int, err error) {
+	entries, err := t.be.NATEntries()
+	if err != nil {
+		return 0, 0, err
+	}
+	var expired []backendtc.NATKey
+	for _, e := range entries {
+		if e.Expired(t.idle, t.closing) {
+			expired = append(expired, e.NATKey)
+		}
+	}
+	deleted, err = t.be.DeleteNAT(expired)
+	return len(entries), deleted, err
+}
+
+// RunGC collects expired conntrack and NAT entries until ctx ends.
+func (m *Manager) RunGC(ctx context.Context, observe func(gc.Pass)) {
+	done := make(chan struct{}, 2)
+	n := 0
+	if m.lb != nil {
+		n++
+		go func() {
+			gc.Run(ctx, conntrackTable{m.lb}, m.cfg.GC, lbxdp.MonotonicNow, observe, m.log.Named("gc"))
+			done <- struct{}{}
+		}()
+	}
+	if m.be != nil {
+		n++
+		go func() {
+			idle, closing := m.cfg.NATIdleTimeout, m.cfg.NATClosingTimeout
+			gc.Run(ctx, natTable{m.be, idle, closing}, m.cfg.GC, lbxdp.MonotonicNow, observe, m.log.Named("gc"))
+			done <- struct{}{}
+		}()
+	}
+	for range n {
+		<-done
+	}
+}
+
+// SweepNow runs one collection pass over every table (tests and benchmarks).
+func (m *Manager) SweepNow() ([]gc.Pass, error) {
+	var out []gc.Pass
+	var tables []gc.Table
+	if m.lb != nil {
+		tables = append(tables, conntrackTable{m.lb})
+	}
+	if m.be != nil {
+		tables = append(tables, natTable{m.be, m.cfg.NATIdleTimeout, m.cfg.NATClosingTimeout})
+	}
+	for _, t := range tables {
+		start := time.Now()
+		s, d, err := t.Sweep(lbxdp.MonotonicNow())
+		if err != nil {
+			return out, err
+		}
+		out = append(out, gc.Pass{Table: t.Name(), Scanned: s, Deleted: d, Duration: time.Since(start)})
+	}
+	return out, nil
+}

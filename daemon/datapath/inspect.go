@@ -1,0 +1,312 @@
+//go:build linux
+
+package datapath
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"net/netip"
+	"runtime"
+	"slices"
+	"time"
+
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
+	"github.com/lbd-dev/lbd/bpf/backendtc"
+	"github.com/lbd-dev/lbd/bpf/lbxdp"
+	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+func protoNum(p lbdv1.Protocol) (uint8, error) {
+	switch p {
+	case lbdv1.Protocol_PROTOCOL_TCP:
+		return lbxdp.ProtoTCP, nil
+	case lbdv1.Protocol_PROTOCOL_UDP:
+		return lbxdp.ProtoUDP, nil
+	}
+	return 0, status.Errorf(codes.InvalidArgument, "protocol: %v is not TCP or UDP", p)
+}
+
+func protoEnum(p uint8) lbdv1.Protocol {
+	if p == lbxdp.ProtoUDP {
+		return lbdv1.Protocol_PROTOCOL_UDP
+	}
+	return lbdv1.Protocol_PROTOCOL_TCP
+}
+
+// TraceFlow runs the loaded XDP program on a packet of the flow (a TCP SYN or a UDP
+// datagram) and reports what it did. A conntrack entry the trace itself creates is
+// removed again, so tracing leaves no flow behind.
+func (m *Manager) TraceFlow(_ context.Context, r *lbdv1.TraceFlowRequest) (*lbdv1.TraceFlowResponse, error) {
+	if m.lb == nil {
+		return nil, status.Error(codes.FailedPrecondition, "trace: this node has no LB role")
+	}
+	proto, err := protoNum(r.Protocol)
+	if err != nil {
+		return nil, err
+	}
+	src, err1 := netip.ParseAddr(r.SourceAddress)
+	dst, err2 := netip.ParseAddr(r.DestinationAddress)
+	if err1 != nil || err2 != nil || src.Is4() != dst.Is4() || r.SourcePort > 65535 || r.DestinationPort > 65535 {
+		return nil, status.Error(codes.InvalidArgument, "trace: need source and destination addresses of one family and ports 0-65535")
+	}
+	flow := lbxdp.Flow{Src: netip.AddrPortFrom(src, uint16(r.SourcePort)), Dst: netip.AddrPortFrom(dst, uint16(r.DestinationPort)), Proto: proto}
+	frame, err := buildFrame(flow)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "trace: build packet: %v", err)
+	}
+	ct, hadCT, err := m.lb.ConntrackLookup(flow)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "trace: %v", err)
+	}
+	verdict, out, err := m.runTrace(frame)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "trace: %v", err)
+	}
+	after, hasCT, err := m.lb.ConntrackLookup(flow)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "trace: %v", err)
+	}
+	if hasCT && !hadCT {
+		if _, err := m.lb.DeleteConntrack([]lbxdp.Flow{flow}); err != nil {
+			return nil, status.Errorf(codes.Internal, "trace: remove the trace's conntrack entry: %v", err)
+		}
+	}
+	resp := &lbdv1.TraceFlowResponse{Verdict: verdict.String()}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var svc *programmed
+	for _, p := range m.programmed {
+		if p.key.VIP == dst && p.key.Proto == proto && (p.key.Port == uint16(r.DestinationPort) || (p.key.Port == 0 && svc == nil)) {
+			svc = p
+		}
+	}
+	if svc == nil {
+		resp.Reason = "no service on this VIP, port and protocol: the packet is not for the load balancer"
+		return resp, nil
+	}
+	resp.ServiceName = svc.name
+	inner, ok := innerDestination(out)
+	var bid uint32
+	if hasCT {
+		bid = after.BackendID
+	}
+	switch {
+	case hadCT:
+		resp.Reason = fmt.Sprintf("conntrack entry (state %s) keeps the flow on backend %d", ct.State, ct.BackendID)
+		bid = ct.BackendID
+	case ok && hasCT:
+		resp.Reason = "new flow: "
+		if svc.svc.AffinityTimeout > 0 {
+			resp.Reason += "session affinity or "
+		}
+		resp.Reason += fmt.Sprintf("Maglev table (size %d) chose backend %d", len(svc.table), bid)
+	case len(svc.table) == 0:
+		resp.Reason = "no usable backend: new flows are rejected or dropped per the service's option"
+	default:
+		resp.Reason = "the packet was not forwarded (source range, malformed, or no route to the backend's node: see drop counters)"
+	}
+	if ap, ok2 := svc.backendKeys[bid]; ok2 && bid != 0 {
+		b := svc.backends[bid]
+		resp.Backend = &lbdv1.Backend{Id: bid, Address: ap.Addr().String(), Port: uint32(ap.Port()), NodeAddress: b.Node.String()}
+	} else if ok {
+		resp.Backend = &lbdv1.Backend{Address: inner.Addr().String(), Port: uint32(inner.Port())}
+	}
+	return resp, nil
+}
+
+// runTrace runs the program from a thread in the daemon's network namespace (the FIB
+// lookup uses the caller's).
+func (m *Manager) runTrace(frame []byte) (lbxdp.Verdict, []byte, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return m.lb.Trace(frame, m.ifindex)
+}
+
+func buildFrame(f lbxdp.Flow) ([]byte, error) {
+	eth := &layers.Ethernet{SrcMAC: []byte{2, 0, 0, 0, 0, 1}, DstMAC: []byte{2, 0, 0, 0, 0, 2}}
+	var ip gopacket.NetworkLayer
+	var l []gopacket.SerializableLayer
+	if f.Src.Addr().Is4() {
+		eth.EthernetType = layers.EthernetTypeIPv4
+		v4 := &layers.IPv4{Version: 4, TTL: 64, Flags: layers.IPv4DontFragment, SrcIP: f.Src.Addr().AsSlice(), DstIP: f.Dst.Addr().AsSlice()}
+		ip, l = v4, []gopacket.SerializableLayer{eth, v4}
+		v4.Protocol = layers.IPProtocol(f.Proto)
+	} else {
+		eth.EthernetType = layers.EthernetTypeIPv6
+		v6 := &layers.IPv6{Version: 6, HopLimit: 64, SrcIP: f.Src.Addr().AsSlice(), DstIP: f.Dst.Addr().AsSlice()}
+		ip, l = v6, []gopacket.SerializableLayer{eth, v6}
+		v6.NextHeader = layers.IPProtocol(f.Proto)
+	}
+	if f.Proto == lbxdp.ProtoTCP {
+		tcp := &layers.TCP{SrcPort: layers.TCPPort(f.Src.Port()), DstPort: layers.TCPPort(f.Dst.Port()), SYN: true, Seq: 1, Window: 65535}
+		if err := tcp.SetNetworkLayerForChecksum(ip); err != nil {
+			return nil, err
+		}
+		l = append(l, tcp)
+	} else {
+		udp := &layers.UDP{SrcPort: layers.UDPPort(f.Src.Port()), DstPort: layers.UDPPort(f.Dst.Port())}
+		if err := udp.SetNetworkLayerForChecksum(ip); err != nil {
+			return nil, err
+		}
+		l = append(l, udp, gopacket.Payload("lbd trace"))
+	}
+	buf := gopacket.NewSerializeBuffer()
+	err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, l...)
+	return buf.Bytes(), err
+}
+
+// innerDestination decodes an encapsulated output frame and returns the inner packet's
+// destination (the backend).
+func innerDestination(frame []byte) (netip.AddrPort, bool) {
+	pkt := gopacket.NewPacket(frame, layers.LayerTypeEthernet, gopacket.Default)
+	gen, ok := pkt.Layer(layers.LayerTypeGeneve).(*layers.Geneve)
+	if !ok {
+		return netip.AddrPort{}, false
+	}
+	inner := gopacket.NewPacket(gen.Payload, layers.LayerTypeEthernet, gopacket.Default)
+	var addr netip.Addr
+	switch ip := inner.NetworkLayer().(type) {
+	case *layers.IPv4:
+		addr, _ = netip.AddrFromSlice(ip.DstIP.To4())
+	case *layers.IPv6:
+		addr, _ = netip.AddrFromSlice(ip.DstIP)
+	default:
+		return netip.AddrPort{}, false
+	}
+	var port uint16
+	switch t := inner.TransportLayer().(type) {
+	case *layers.TCP:
+		port = uint16(t.DstPort)
+	case *layers.UDP:
+		port = uint16(t.DstPort)
+	}
+	return netip.AddrPortFrom(addr, port), true
+}
+
+// ListConnections lists conntrack entries (LB role) and NAT entries (backend role).
+func (m *Manager) ListConnections(_ context.Context, r *lbdv1.ListConnectionsRequest) (*lbdv1.ListConnectionsResponse, error) {
+	limit := int(r.Limit)
+	if limit == 0 {
+		limit = 1000
+	}
+	match := func(s string, a netip.Addr) bool { return s == "" || s == a.String() }
+	resp := &lbdv1.ListConnectionsResponse{}
+	add := func(c *lbdv1.Connection) bool {
+		if len(resp.Connections) >= limit {
+			resp.Truncated = true
+			return false
+		}
+		resp.Connections = append(resp.Connections, c)
+		return true
+	}
+	if m.lb != nil {
+		m.mu.Lock()
+		backends := map[uint32]netip.AddrPort{}
+		for _, p := range m.programmed {
+			for id, k := range p.backendKeys {
+				backends[id] = k
+			}
+		}
+		m.mu.Unlock()
+		now := lbxdp.MonotonicNow()
+		wall := time.Now()
+		err := m.lb.Conntrack(func(e lbxdp.CTEntry) bool {
+			be := backends[e.BackendID]
+			if !match(r.Vip, e.Flow.Dst.Addr()) || !match(r.ClientAddress, e.Flow.Src.Addr()) || !match(r.BackendAddress, be.Addr()) {
+				return true
+			}
+			return add(&lbdv1.Connection{
+				Protocol: protoEnum(e.Flow.Proto), Table: "conntrack",
+				ClientAddress: e.Flow.Src.Addr().String(), ClientPort: uint32(e.Flow.Src.Port()),
+				Vip: e.Flow.Dst.Addr().String(), VipPort: uint32(e.Flow.Dst.Port()),
+				BackendAddress: addrString(be.Addr()), BackendPort: uint32(be.Port()),
+				LastSeenTime: timestamppb.New(wall.Add(e.LastSeen - now)),
+			})
+		})
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "list conntrack: %v", err)
+		}
+	}
+	if m.be != nil && !resp.Truncated {
+		entries, err := m.be.NATEntries()
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "list NAT: %v", err)
+		}
+		for _, e := range entries {
+			if !match(r.Vip, e.VIP.Addr()) || !match(r.ClientAddress, e.Client.Addr()) || !match(r.BackendAddress, e.Backend.Addr()) {
+				continue
+			}
+			p := lbdv1.Protocol_PROTOCOL_TCP
+			if e.Proto == backendtc.ProtoUDP {
+				p = lbdv1.Protocol_PROTOCOL_UDP
+			}
+			if !add(&lbdv1.Connection{
+				Protocol: p, Table: "nat",
+				ClientAddress: e.Client.Addr().String(), ClientPort: uint32(e.Client.Port()),
+				Vip: e.VIP.Addr().String(), VipPort: uint32(e.VIP.Port()),
+				BackendAddress: e.Backend.Addr().String(), BackendPort: uint32(e.Backend.Port()),
+				LastSeenTime: timestamppb.New(e.LastSeen),
+			}) {
+				break
+			}
+		}
+	}
+	return resp, nil
+}
+
+func addrString(a netip.Addr) string {
+	if !a.IsValid() {
+		return ""
+	}
+	return a.String()
+}
+
+// GetStats reads the per-service, per-backend and per-reason counters.
+func (m *Manager) GetStats(context.Context, *lbdv1.GetStatsRequest) (*lbdv1.GetStatsResponse, error) {
+	resp := &lbdv1.GetStatsResponse{}
+	if m.lb != nil {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		for id, p := range m.programmed {
+			c, err := m.lb.ServiceCounters(id)
+			if err != nil {
+				return nil, status.Errorf(codes.Internal, "read counters: %v", err)
+			}
+			ss := &lbdv1.ServiceStats{ServiceName: p.name, Packets: c.Packets, Bytes: c.Bytes, NewFlows: c.NewFlows}
+			for bid, k := range p.backendKeys {
+				bc, err := m.lb.BackendCounters(bid)
+				if err != nil {
+					return nil, status.Errorf(codes.Internal, "read counters: %v", err)
+				}
+				ss.Backends = append(ss.Backends, &lbdv1.BackendStats{Address: k.Addr().String(), Port: uint32(k.Port()), Packets: bc.Packets, Bytes: bc.Bytes, NewFlows: bc.NewFlows})
+			}
+			slices.SortFunc(ss.Backends, func(a, b *lbdv1.BackendStats) int {
+				return netip.MustParseAddr(a.Address).Compare(netip.MustParseAddr(b.Address))
+			})
+			resp.Services = append(resp.Services, ss)
+		}
+		slices.SortFunc(resp.Services, func(a, b *lbdv1.ServiceStats) int { return cmp.Compare(a.ServiceName, b.ServiceName) })
+		drops, err := m.lb.DropCounters()
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "read counters: %v", err)
+		}
+		for _, r := range lbxdp.DropReasons() {
+			resp.Reasons = append(resp.Reasons, &lbdv1.Counter{Name: "lb_drop_" + r.String(), Packets: drops[r].Packets, Bytes: drops[r].Bytes})
+		}
+	}
+	if m.be != nil {
+		cs, err := m.be.Counters()
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "read counters: %v", err)
+		}
+		for _, c := range backendtc.AllCounters() {
+			resp.Reasons = append(resp.Reasons, &lbdv1.Counter{Name: "backend_" + c.String(), Packets: cs[c]})
+		}
+	}
+	return resp, nil
+}

@@ -1,0 +1,338 @@
+//go:build linux
+
+package datapath
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/lbd-dev/lbd/bpf/lbxdp"
+	"github.com/lbd-dev/lbd/daemon/maglev"
+	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
+)
+
+// programmed is what the LB maps hold for one service ID; the manager diffs desired
+// services against it so that only the difference is written.
+type programmed struct {
+	name     string
+	key      lbxdpKey
+	svc      lbxdp.Service
+	backends map[uint32]lbxdp.Backend
+	// keys of backends, for naming them in traces and stats.
+	backendKeys map[uint32]netip.AddrPort
+	table       []uint32
+	ranges      []netip.Prefix
+}
+
+type lbxdpKey = lbxdp.ServiceKey
+
+// desired computes what the maps should hold for svc, and its Maglev table.
+func desired(svc *lbdv1.Service) (*programmed, error) {
+	vip, err := netip.ParseAddr(svc.Vip)
+	if err != nil {
+		return nil, fmt.Errorf("service %s: vip: %w", svc.Name, err)
+	}
+	proto := lbxdp.ProtoTCP
+	if svc.Protocol == lbdv1.Protocol_PROTOCOL_UDP {
+		proto = lbxdp.ProtoUDP
+	}
+	p := &programmed{
+		name: svc.Name,
+		key:  lbxdp.ServiceKey{VIP: vip, Port: uint16(svc.Port), Proto: proto},
+		svc: lbxdp.Service{
+			ID:            svc.Id,
+			DropNoBackend: svc.NoBackendAction == lbdv1.NoBackendAction_NO_BACKEND_ACTION_DROP,
+			SourceRanges:  len(svc.SourceRanges) > 0,
+		},
+		backends:    map[uint32]lbxdp.Backend{},
+		backendKeys: map[uint32]netip.AddrPort{},
+	}
+	if svc.HashMode == lbdv1.HashMode_HASH_MODE_SOURCE_ADDRESS {
+		p.svc.HashMode = lbxdp.HashSourceAddr
+	}
+	if a := svc.SessionAffinity; a != nil {
+		p.svc.AffinityTimeout = a.Timeout.AsDuration()
+	}
+	for _, r := range svc.SourceRanges {
+		pr, err := netip.ParsePrefix(r)
+		if err != nil {
+			return nil, fmt.Errorf("service %s: source range: %w", svc.Name, err)
+		}
+		p.ranges = append(p.ranges, pr)
+	}
+	var usable []maglev.Backend
+	for _, b := range svc.Backends {
+		addr, err := netip.ParseAddr(b.Address)
+		if err != nil {
+			return nil, fmt.Errorf("service %s: backend: %w", svc.Name, err)
+		}
+		node, err := netip.ParseAddr(b.NodeAddress)
+		if err != nil {
+			return nil, fmt.Errorf("service %s: backend node: %w", svc.Name, err)
+		}
+		ap := netip.AddrPortFrom(addr, uint16(b.Port))
+		down := b.Health.GetState() == lbdv1.HealthState_HEALTH_STATE_DOWN
+		switch {
+		case b.State == lbdv1.BackendState_BACKEND_STATE_DISABLED:
+			continue // neither new nor established flows
+		case down && svc.ResetFlowsOnBackendDown:
+			continue
+		}
+		// Draining and down backends stay in the backend map so their established
+		// flows keep going; only usable ones enter the Maglev table.
+		p.backends[b.Id] = lbxdp.Backend{Addr: addr, Port: uint16(b.Port), Node: node}
+		p.backendKeys[b.Id] = ap
+		if b.State == lbdv1.BackendState_BACKEND_STATE_ACTIVE && !down {
+			usable = append(usable, maglev.Backend{ID: b.Id, Key: maglev.Key(ap), Weight: b.Weight})
+		}
+	}
+	table, err := maglev.Build(usable, svc.MaglevTableSize)
+	if err != nil && !errors.Is(err, maglev.ErrNoBackends) {
+		return nil, fmt.Errorf("service %s: maglev: %w", svc.Name, err)
+	}
+	p.table = table
+	return p, nil
+}
+
+// Upsert implements reconcile.Datapath.
+func (m *Manager) Upsert(_ context.Context, svc *lbdv1.Service) (map[uint32]uint32, error) {
+	if m.lb == nil {
+		return nil, nil
+	}
+	want, err := desired(svc)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.write(m.programmed[svc.Id], want); err != nil {
+		return nil, err
+	}
+	return slots(want.table), nil
+}
+
+// write moves the maps from old (nil: nothing) to want, in an order that never lets a
+// packet see a table entry without its backend or a service without its table.
+func (m *Manager) write(old, want *programmed) error {
+	if old == nil {
+		old = &programmed{backends: map[uint32]lbxdp.Backend{}}
+	}
+	id := want.svc.ID
+	for bid, b := range want.backends {
+		if ob, ok := old.backends[bid]; ok && ob == b {
+			continue
+		}
+		// An adopted entry with the right content need not be written again.
+		if ob, ok := m.orphans[bid]; !ok || ob != b {
+			if err := m.lb.UpsertBackend(bid, b); err != nil {
+				return err
+			}
+		}
+	}
+	for _, r := range want.ranges {
+		if !slices.Contains(old.ranges, r) {
+			if err := m.lb.AddSourceRange(id, r); err != nil {
+				return err
+			}
+		}
+	}
+	if !slices.Equal(old.table, want.table) {
+		if want.table == nil {
+			if err := m.lb.DeleteMaglevTable(id); err != nil {
+				return err
+			}
+		} else if err := m.lb.SetMaglevTable(id, want.table); err != nil {
+			return err
+		}
+	}
+	if old.key != want.key || old.svc != want.svc {
+		if err := m.lb.UpsertService(want.key, want.svc); err != nil {
+			return err
+		}
+		if old.key.VIP.IsValid() && old.key != want.key {
+			if err := m.lb.DeleteService(old.key); err != nil {
+				return err
+			}
+		}
+	}
+	for _, r := range old.ranges {
+		if !slices.Contains(want.ranges, r) {
+			if err := m.lb.DeleteSourceRange(id, r); err != nil {
+				return err
+			}
+		}
+	}
+	var gone []uint32
+	for bid := range old.backends {
+		if _, ok := want.backends[bid]; !ok {
+			if err := m.lb.DeleteBackend(bid); err != nil {
+				return err
+			}
+			gone = append(gone, bid)
+		}
+	}
+	if len(gone) > 0 {
+		// Flows of removed or disabled backends re-balance at their next packet instead
+		// of black-holing (a UDP flow moves at once).
+		n, err := m.lb.DeleteConntrackByBackend(gone...)
+		if err != nil {
+			return err
+		}
+		for _, bid := range gone {
+			if err := m.lb.ResetBackendCounters(bid); err != nil {
+				return err
+			}
+		}
+		m.log.Debug("backends removed from the datapath", "op", "reconcile", "service", want.name, "backends", len(gone), "flows", n)
+	}
+	m.programmed[id] = want
+	return nil
+}
+
+// Delete implements reconcile.Datapath.
+func (m *Manager) Delete(_ context.Context, svc *lbdv1.Service) error {
+	if m.lb == nil {
+		return nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.remove(svc.Id)
+}
+
+func (m *Manager) remove(id uint32) error {
+	old := m.programmed[id]
+	if old == nil {
+		return nil
+	}
+	if err := m.lb.DeleteService(old.key); err != nil {
+		return err
+	}
+	if err := m.lb.DeleteMaglevTable(id); err != nil {
+		return err
+	}
+	for _, r := range old.ranges {
+		if err := m.lb.DeleteSourceRange(id, r); err != nil {
+			return err
+		}
+	}
+	ids := slices.Collect(maps.Keys(old.backends))
+	for _, bid := range ids {
+		if err := m.lb.DeleteBackend(bid); err != nil {
+			return err
+		}
+		if err := m.lb.ResetBackendCounters(bid); err != nil {
+			return err
+		}
+	}
+	if len(ids) > 0 {
+		if _, err := m.lb.DeleteConntrackByBackend(ids...); err != nil {
+			return err
+		}
+	}
+	if err := m.lb.ResetServiceCounters(id); err != nil {
+		return err
+	}
+	delete(m.programmed, id)
+	return nil
+}
+
+// Sync implements reconcile.Datapath: it writes what differs between the services and
+// the maps (adopted from an earlier daemon, or empty) and removes what is not desired.
+func (m *Manager) Sync(_ context.Context, svcs []*lbdv1.Service) (map[string]map[uint32]uint32, error) {
+	out := map[string]map[uint32]uint32{}
+	if m.lb == nil {
+		return out, nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	start := time.Now()
+	keep := map[uint32]bool{}
+	for _, svc := range svcs {
+		want, err := desired(svc)
+		if err != nil {
+			return nil, err
+		}
+		if err := m.write(m.programmed[svc.Id], want); err != nil {
+			return nil, fmt.Errorf("sync service %s: %w", svc.Name, err)
+		}
+		keep[svc.Id] = true
+		out[svc.Name] = slots(want.table)
+	}
+	for id := range m.programmed {
+		if !keep[id] {
+			if err := m.remove(id); err != nil {
+				return nil, fmt.Errorf("remove stale service %d: %w", id, err)
+			}
+		}
+	}
+	// Backends left by an earlier daemon that no service refers to any more.
+	live := map[uint32]bool{}
+	for _, p := range m.programmed {
+		for bid := range p.backends {
+			live[bid] = true
+		}
+	}
+	var gone []uint32
+	for bid := range m.orphans {
+		if !live[bid] {
+			if err := m.lb.DeleteBackend(bid); err != nil {
+				return nil, err
+			}
+			gone = append(gone, bid)
+		}
+	}
+	if len(gone) > 0 {
+		if _, err := m.lb.DeleteConntrackByBackend(gone...); err != nil {
+			return nil, err
+		}
+	}
+	m.orphans = nil
+	m.log.Info("datapath maps synced", "op", "sync", "services", len(svcs), "took", time.Since(start))
+	return out, nil
+}
+
+// adoptProgrammed reads what an earlier daemon left in the maps, so Sync writes only
+// the difference.
+func (m *Manager) adoptProgrammed() error {
+	svcs, err := m.lb.Services()
+	if err != nil {
+		return err
+	}
+	ranges, err := m.lb.SourceRanges()
+	if err != nil {
+		return err
+	}
+	for k, s := range svcs {
+		table, err := m.lb.MaglevTable(s.ID)
+		if err != nil {
+			return err
+		}
+		m.programmed[s.ID] = &programmed{key: k, svc: s, table: table, ranges: ranges[s.ID],
+			backends: map[uint32]lbxdp.Backend{}, backendKeys: map[uint32]netip.AddrPort{}}
+	}
+	m.orphans = map[uint32]lbxdp.Backend{}
+	for bid := uint32(1); bid < m.lb.Options().MaxBackends; bid++ {
+		b, ok, err := m.lb.Backend(bid)
+		if err != nil {
+			return err
+		}
+		if ok {
+			m.orphans[bid] = b
+		}
+	}
+	return nil
+}
+
+// slots counts each backend's share of a table.
+func slots(table []uint32) map[uint32]uint32 {
+	out := map[uint32]uint32{}
+	for id, n := range maglev.Shares(table) {
+		out[id] = uint32(n)
+	}
+	return out
+}
