@@ -50,8 +50,9 @@ type Datapath struct {
 	objs backendtcObjects
 }
 
-// Load loads the programs and creates (or adopts, see Options.PinDir) the maps.
-func Load(opts Options) (*Datapath, error) {
+// Spec returns the collection Load would load for opts, map sizes applied. The daemon
+// compares its maps with pinned ones to migrate a map whose size or layout changed.
+func Spec(opts Options) (*ebpf.CollectionSpec, error) {
 	spec, err := loadBackendtc()
 	if err != nil {
 		return nil, fmt.Errorf("load backendtc spec: %w", err)
@@ -61,6 +62,15 @@ func Load(opts Options) (*Datapath, error) {
 		n = DefaultNATMaxEntries
 	}
 	spec.Maps[backendtcMapBetcNat].MaxEntries = n
+	return spec, nil
+}
+
+// Load loads the programs and creates (or adopts, see Options.PinDir) the maps.
+func Load(opts Options) (*Datapath, error) {
+	spec, err := Spec(opts)
+	if err != nil {
+		return nil, err
+	}
 
 	collOpts := &ebpf.CollectionOptions{}
 	adopted := false

@@ -63,18 +63,10 @@ func (m *Manager) TraceFlow(_ context.Context, r *lbdv1.TraceFlowRequest) (*lbdv
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "trace: %v", err)
 	}
+	// A trace run has no side effects: no conntrack entry, no counter.
 	verdict, out, err := m.runTrace(frame)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "trace: %v", err)
-	}
-	after, hasCT, err := m.lb.ConntrackLookup(flow)
-	if err != nil {
-		return nil, status.Errorf(codes.Internal, "trace: %v", err)
-	}
-	if hasCT && !hadCT {
-		if _, err := m.lb.DeleteConntrack([]lbxdp.Flow{flow}); err != nil {
-			return nil, status.Errorf(codes.Internal, "trace: remove the trace's conntrack entry: %v", err)
-		}
 	}
 	resp := &lbdv1.TraceFlowResponse{Verdict: verdict.String()}
 	m.mu.Lock()
@@ -90,31 +82,30 @@ func (m *Manager) TraceFlow(_ context.Context, r *lbdv1.TraceFlowRequest) (*lbdv
 		return resp, nil
 	}
 	resp.ServiceName = svc.name
-	inner, ok := innerDestination(out)
+	inner, forwarded := innerDestination(out)
 	var bid uint32
-	if hasCT {
-		bid = after.BackendID
+	if forwarded {
+		for id, k := range svc.backendKeys {
+			if k.Addr() == inner.Addr() && (k.Port() == inner.Port() || k.Port() == 0) {
+				bid = id
+			}
+		}
+		resp.Backend = &lbdv1.Backend{Id: bid, Address: inner.Addr().String(), Port: uint32(inner.Port())}
+		if b, ok := svc.backends[bid]; ok {
+			resp.Backend.NodeAddress = b.Node.String()
+		}
 	}
 	switch {
-	case hadCT:
-		resp.Reason = fmt.Sprintf("conntrack entry (state %s) keeps the flow on backend %d", ct.State, ct.BackendID)
-		bid = ct.BackendID
-	case ok && hasCT:
-		resp.Reason = "new flow: "
-		if svc.svc.AffinityTimeout > 0 {
-			resp.Reason += "session affinity or "
-		}
-		resp.Reason += fmt.Sprintf("Maglev table (size %d) chose backend %d", len(svc.table), bid)
+	case forwarded && hadCT && ct.BackendID == bid:
+		resp.Reason = fmt.Sprintf("established flow: its conntrack entry (state %s) keeps it on this backend", ct.State)
+	case forwarded && svc.svc.AffinityTimeout > 0:
+		resp.Reason = fmt.Sprintf("new flow: session affinity or the Maglev table (size %d) chose this backend", len(svc.table))
+	case forwarded:
+		resp.Reason = fmt.Sprintf("new flow: the Maglev table (size %d) chose this backend", len(svc.table))
 	case len(svc.table) == 0:
-		resp.Reason = "no usable backend: new flows are rejected or dropped per the service's option"
+		resp.Reason = "no usable backend: new flows are rejected or dropped, per the service's option"
 	default:
-		resp.Reason = "the packet was not forwarded (source range, malformed, or no route to the backend's node: see drop counters)"
-	}
-	if ap, ok2 := svc.backendKeys[bid]; ok2 && bid != 0 {
-		b := svc.backends[bid]
-		resp.Backend = &lbdv1.Backend{Id: bid, Address: ap.Addr().String(), Port: uint32(ap.Port()), NodeAddress: b.Node.String()}
-	} else if ok {
-		resp.Backend = &lbdv1.Backend{Address: inner.Addr().String(), Port: uint32(inner.Port())}
+		resp.Reason = "not forwarded: the client is outside the source ranges, the packet is malformed, or there is no route to the backend's node (see the drop counters)"
 	}
 	return resp, nil
 }

@@ -118,18 +118,16 @@ func Open(cfg Config, log hclog.Logger) (*Manager, error) {
 	return m, nil
 }
 
-// loadWithMigration loads a program's maps from dir, migrating the maps whose size
-// changed entry by entry.
-func (m *Manager) loadWithMigration(dir string, sizes map[string]uint32, load func() error) error {
-	var migs []*migration
-	for name, want := range sizes {
-		mg, err := prepareMigration(dir, name, want)
-		if err != nil {
-			return err
-		}
-		if mg != nil {
-			migs = append(migs, mg)
-		}
+// learnedMaps hold state only the datapath knows; all other maps are rebuilt from the
+// desired state by Sync.
+var learnedMaps = map[string]bool{"lb_conntrack": true, "lb_affinity": true, "betc_nat": true}
+
+// loadWithMigration loads a program's maps from dir, first moving aside pinned maps that
+// no longer fit spec; their entries are then copied into the new maps.
+func (m *Manager) loadWithMigration(dir string, spec *ebpf.CollectionSpec, load func() error) error {
+	migs, err := planMigrations(dir, spec, learnedMaps)
+	if err != nil {
+		return err
 	}
 	if err := load(); err != nil {
 		return err
@@ -139,7 +137,7 @@ func (m *Manager) loadWithMigration(dir string, sizes map[string]uint32, load fu
 		if err != nil {
 			return err
 		}
-		m.log.Info("map resized", "op", "migrate", "map", mg.name, "copied", copied, "lost", lost)
+		m.log.Info("map migrated", "op", "migrate", "map", mg.name, "copied", copied, "lost", lost, "layout_changed", !mg.copyable)
 	}
 	return nil
 }
@@ -151,8 +149,11 @@ func (m *Manager) openLB(ifaces []*net.Interface) error {
 		MaxBackends:   m.cfg.MaxBackends,
 		ConntrackSize: m.cfg.ConntrackSize,
 	}
-	sizes := lbxdp.MapSizes(opts)
-	err := m.loadWithMigration(m.cfg.lbDir(), sizes, func() error {
+	spec, err := lbxdp.Spec(opts)
+	if err != nil {
+		return err
+	}
+	err = m.loadWithMigration(m.cfg.lbDir(), spec, func() error {
 		var err error
 		m.lb, err = lbxdp.Load(opts)
 		if err != nil {
@@ -192,11 +193,11 @@ func (m *Manager) openLB(ifaces []*net.Interface) error {
 
 func (m *Manager) openBackend(ifaces []*net.Interface) error {
 	opts := backendtc.Options{PinDir: m.cfg.backendDir(), NATMaxEntries: m.cfg.NATSize, Config: &backendtc.Config{VNI: m.cfg.VNI}}
-	natSize := m.cfg.NATSize
-	if natSize == 0 {
-		natSize = backendtc.DefaultNATMaxEntries
+	spec, err := backendtc.Spec(opts)
+	if err != nil {
+		return err
 	}
-	err := m.loadWithMigration(m.cfg.backendDir(), map[string]uint32{"betc_nat": natSize}, func() error {
+	err = m.loadWithMigration(m.cfg.backendDir(), spec, func() error {
 		var err error
 		m.be, err = backendtc.Load(opts)
 		if err != nil {
