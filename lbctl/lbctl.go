@@ -131,7 +131,8 @@ func (a *app) rootCommand(stderr io.Writer) *cobra.Command {
 		Use:   "lbctl",
 		Short: "Control an lbd load balancer",
 		Long: `lbctl controls an lbd layer-4 load balancer through its gRPC API: services
-(VIP, port, protocol) and their backends, BGP peers, and the node itself.`,
+(VIP, port, protocol) and their backends, BGP peers, the node itself, and its datapath:
+counters, tracked connections and flow traces.`,
 		Version:           clientVersion(),
 		SilenceErrors:     true,
 		SilenceUsage:      true,
@@ -148,6 +149,9 @@ func (a *app) rootCommand(stderr io.Writer) *cobra.Command {
 		a.backendCommand(),
 		a.nodeCommand(),
 		a.bgpCommand(),
+		a.statsCommand(),
+		a.conntrackCommand(),
+		a.traceCommand(),
 		a.versionCommand(),
 	)
 	// cobra adds "completion bash|zsh|fish|powershell" itself; make it a group like ours.

@@ -12,10 +12,11 @@ import (
 )
 
 func (a *app) nodeCommand() *cobra.Command {
-	return group("node", "Show and drain this lbd node",
+	return group("node", "Show, drain and detach this lbd node",
 		a.nodeGetCommand(),
 		a.nodeDrainCommand(true),
 		a.nodeDrainCommand(false),
+		a.nodeDetachCommand(),
 	)
 }
 

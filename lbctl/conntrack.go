@@ -1,0 +1,156 @@
+package lbctl
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"io"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
+)
+
+// defaultConnectionLimit is the API's own default (a limit of 0 means it), spelled out so
+// that the help shows it.
+const defaultConnectionLimit = 1000
+
+func (a *app) conntrackCommand() *cobra.Command {
+	return group("conntrack", "Inspect the datapath's connection tables",
+		a.conntrackListCommand(),
+	)
+}
+
+func (a *app) conntrackListCommand() *cobra.Command {
+	var vip, client, backend string
+	var limit uint32
+	cmd := &cobra.Command{
+		Use:   "list [flags]",
+		Short: "List conntrack (LB node) and NAT (backend node) entries",
+		Long: `List the flows the datapath tracks: conntrack entries on an LB node (which backend
+each client flow is pinned to) and NAT entries on a backend node (which VIP the backend's
+replies are sent from). The filters take addresses and combine with AND.`,
+		Example: "  lbctl conntrack list --vip 203.0.113.10\n  lbctl conntrack list --client 2001:db8::7 --limit 10",
+		Args:    exactArgs(),
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&vip, "vip", "", "only flows to this VIP")
+	fs.StringVar(&client, "client", "", "only flows from this client address")
+	fs.StringVar(&backend, "backend", "", "only flows to this backend address")
+	fs.Uint32Var(&limit, "limit", defaultConnectionLimit, "at most this many entries")
+	// The flag was just defined on cmd, so registration cannot fail.
+	_ = cmd.RegisterFlagCompletionFunc("vip", a.completeFlag(a.completeVIPs))
+	cmd.RunE = a.run(func(ctx context.Context, _ *cobra.Command, _ []string) error {
+		if limit == 0 {
+			return usageErrorf("--limit must be positive")
+		}
+		req := &lbdv1.ListConnectionsRequest{Limit: limit}
+		// The server compares filters with its own text form of each address, so they
+		// are sent in canonical form: 2001:DB8::0:1 finds 2001:db8::1.
+		for _, f := range []struct {
+			name, value string
+			target      *string
+		}{
+			{"vip", vip, &req.Vip},
+			{"client", client, &req.ClientAddress},
+			{"backend", backend, &req.BackendAddress},
+		} {
+			if f.value == "" {
+				continue
+			}
+			addr, err := parseAddr(f.value)
+			if err != nil {
+				return usageErrorf("--%s: %v", f.name, err)
+			}
+			*f.target = addr.String()
+		}
+		lb, err := a.lb()
+		if err != nil {
+			return err
+		}
+		resp, err := lb.ListConnections(ctx, req)
+		if err != nil {
+			return err
+		}
+		sortConnections(resp.Connections)
+		return a.print(resp, func(w io.Writer) { a.writeConnections(w, resp) })
+	})
+	return cmd
+}
+
+// parseAddr parses an IP address without a zone (the datapath knows no zones).
+func parseAddr(s string) (netip.Addr, error) {
+	addr, err := netip.ParseAddr(s)
+	if err != nil || addr.Zone() != "" {
+		return netip.Addr{}, fmt.Errorf("%q is not an IP address", s)
+	}
+	return addr, nil
+}
+
+// sortConnections groups entries by table and VIP, then orders them by client.
+func sortConnections(cs []*lbdv1.Connection) {
+	slices.SortFunc(cs, func(x, y *lbdv1.Connection) int {
+		return cmp.Or(
+			strings.Compare(x.Table, y.Table),
+			compareAddr(x.Vip, y.Vip), cmp.Compare(x.VipPort, y.VipPort),
+			cmp.Compare(x.Protocol, y.Protocol),
+			compareAddr(x.ClientAddress, y.ClientAddress), cmp.Compare(x.ClientPort, y.ClientPort),
+		)
+	})
+}
+
+func (a *app) writeConnections(w io.Writer, resp *lbdv1.ListConnectionsResponse) {
+	if len(resp.Connections) == 0 {
+		fmt.Fprintln(w, "No connections.")
+		return
+	}
+	now := a.now()
+	t := newTable(w)
+	row(t, "TABLE", "PROTO", "CLIENT", "VIP", "BACKEND", "LAST SEEN")
+	for _, c := range resp.Connections {
+		// A conntrack entry whose backend has since been removed has no backend address.
+		be := "-"
+		if c.BackendAddress != "" {
+			be = formatEndpoint(c.BackendAddress, c.BackendPort)
+		}
+		seen := "-"
+		if c.LastSeenTime != nil {
+			seen = formatAge(now.Sub(c.LastSeenTime.AsTime()))
+		}
+		row(t, dash(c.Table), label(c.Protocol, "-"), formatEndpoint(c.ClientAddress, c.ClientPort),
+			formatEndpoint(c.Vip, c.VipPort), be, seen)
+	}
+	t.Flush()
+	if resp.Truncated {
+		fmt.Fprintf(w, "\nTruncated: more entries matched than the %d shown; narrow with --vip, --client or --backend, or raise --limit.\n", len(resp.Connections))
+	}
+}
+
+// completeFlag completes a flag's value with c, which is given no arguments.
+func (a *app) completeFlag(c completer) cobra.CompletionFunc {
+	complete := a.completeArgs(c)
+	return func(cmd *cobra.Command, _ []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
+		return complete(cmd, nil, toComplete)
+	}
+}
+
+// completeVIPs proposes the VIPs of the configured services, each once.
+func (a *app) completeVIPs(ctx context.Context, _ []string) []string {
+	lb, err := a.lb()
+	if err != nil {
+		return nil
+	}
+	resp, err := lb.ListServices(ctx, &lbdv1.ListServicesRequest{})
+	if err != nil {
+		return nil
+	}
+	var vips []string
+	for _, s := range resp.Services {
+		vips = append(vips, s.Vip)
+	}
+	slices.SortFunc(vips, compareAddr)
+	return slices.Compact(vips)
+}
