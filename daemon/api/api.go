@@ -25,6 +25,18 @@ type Datapath interface {
 	Attached() bool
 }
 
+// BGP is the node's BGP speaker as the API sees it; nil on nodes without one.
+type BGP interface {
+	// Peers returns every peer, from the configuration file and from the API, with its
+	// session status, sorted by address.
+	Peers(context.Context) ([]*lbdv1.BgpPeer, error)
+	// Routes returns the routes the node advertises.
+	Routes(context.Context) ([]*lbdv1.BgpRoute, error)
+	// Static reports whether a peer address comes from the configuration file: the API
+	// does not create, change or delete those.
+	Static(addr string) bool
+}
+
 // Options configure the API server.
 type Options struct {
 	Store    *store.Store
@@ -32,6 +44,7 @@ type Options struct {
 	Roles    []string
 	Version  string
 	Datapath Datapath
+	BGP      BGP
 	// WatchBuffer is how many events a watcher may lag behind before its stream is ended
 	// with RESOURCE_EXHAUSTED (it then re-watches and gets a fresh snapshot).
 	WatchBuffer int

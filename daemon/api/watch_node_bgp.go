@@ -23,7 +23,7 @@ func (s *Server) WatchServices(r *lbdv1.WatchServicesRequest, stream lbdv1.LoadB
 			return
 		}
 		for _, ev := range evs {
-			if owner != "" && ev.Service.GetOwner() != owner {
+			if ev.Type == store.Node || (owner != "" && ev.Service.GetOwner() != owner) {
 				continue
 			}
 			select {
@@ -122,34 +122,80 @@ func (s *Server) DetachNode(ctx context.Context, _ *lbdv1.DetachNodeRequest) (*l
 }
 
 // noSpeaker is the status of every peer while the node runs no BGP speaker.
-const noSpeaker = "configured; this lbd runs no BGP speaker yet, so no session is attempted"
+const noSpeaker = "configured; this lbd runs no BGP speaker (no bgp section in its configuration), so no session is attempted"
 
 func withPeerStatus(p *lbdv1.BgpPeer) *lbdv1.BgpPeer {
 	p.Status = &lbdv1.BgpPeerStatus{State: lbdv1.BgpSessionState_BGP_SESSION_STATE_IDLE, Reason: noSpeaker}
 	return p
 }
 
+// peerStatus returns p with its live status, or p as stored if the speaker does not
+// know it yet.
+func (s *Server) peerStatus(ctx context.Context, p *lbdv1.BgpPeer) *lbdv1.BgpPeer {
+	if s.opts.BGP == nil {
+		return withPeerStatus(p)
+	}
+	peers, err := s.opts.BGP.Peers(ctx)
+	if err == nil {
+		for _, q := range peers {
+			if q.Address == p.Address {
+				return q
+			}
+		}
+	}
+	p.Status = &lbdv1.BgpPeerStatus{State: lbdv1.BgpSessionState_BGP_SESSION_STATE_IDLE, Reason: "being configured"}
+	return p
+}
+
+func (s *Server) checkNotStatic(addr string) error {
+	if s.opts.BGP != nil && s.opts.BGP.Static(addr) {
+		return status.Errorf(codes.FailedPrecondition, "peer.address: %s is configured in lbd's configuration file; change it there", addr)
+	}
+	return nil
+}
+
 // CreateBgpPeer implements lbdv1.BgpServiceServer.
-func (s *Server) CreateBgpPeer(_ context.Context, r *lbdv1.CreateBgpPeerRequest) (*lbdv1.CreateBgpPeerResponse, error) {
+func (s *Server) CreateBgpPeer(ctx context.Context, r *lbdv1.CreateBgpPeerRequest) (*lbdv1.CreateBgpPeerResponse, error) {
+	if s.opts.BGP != nil && s.opts.BGP.Static(r.GetPeer().GetAddress()) {
+		return nil, status.Errorf(codes.AlreadyExists, "peer.address: %s is already configured in lbd's configuration file", r.GetPeer().GetAddress())
+	}
 	p, err := s.st.CreateBgpPeer(r.GetPeer())
 	if err != nil {
 		return nil, err
 	}
 	s.log.Info("bgp peer added", "op", "create-bgp-peer", "peer", p.Address, "as", p.PeerAs)
-	return &lbdv1.CreateBgpPeerResponse{Peer: withPeerStatus(p)}, nil
+	return &lbdv1.CreateBgpPeerResponse{Peer: s.peerStatus(ctx, p)}, nil
 }
 
 // GetBgpPeer implements lbdv1.BgpServiceServer.
-func (s *Server) GetBgpPeer(_ context.Context, r *lbdv1.GetBgpPeerRequest) (*lbdv1.GetBgpPeerResponse, error) {
+func (s *Server) GetBgpPeer(ctx context.Context, r *lbdv1.GetBgpPeerRequest) (*lbdv1.GetBgpPeerResponse, error) {
+	if s.opts.BGP != nil {
+		peers, err := s.opts.BGP.Peers(ctx)
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "list peers: %v", err)
+		}
+		for _, p := range peers {
+			if p.Address == r.GetAddress() {
+				return &lbdv1.GetBgpPeerResponse{Peer: p}, nil
+			}
+		}
+	}
 	p, err := s.st.GetBgpPeer(r.GetAddress())
 	if err != nil {
 		return nil, err
 	}
-	return &lbdv1.GetBgpPeerResponse{Peer: withPeerStatus(p)}, nil
+	return &lbdv1.GetBgpPeerResponse{Peer: s.peerStatus(ctx, p)}, nil
 }
 
 // ListBgpPeers implements lbdv1.BgpServiceServer.
-func (s *Server) ListBgpPeers(context.Context, *lbdv1.ListBgpPeersRequest) (*lbdv1.ListBgpPeersResponse, error) {
+func (s *Server) ListBgpPeers(ctx context.Context, _ *lbdv1.ListBgpPeersRequest) (*lbdv1.ListBgpPeersResponse, error) {
+	if s.opts.BGP != nil {
+		peers, err := s.opts.BGP.Peers(ctx)
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "list peers: %v", err)
+		}
+		return &lbdv1.ListBgpPeersResponse{Peers: peers}, nil
+	}
 	peers := s.st.ListBgpPeers()
 	for _, p := range peers {
 		withPeerStatus(p)
@@ -158,17 +204,23 @@ func (s *Server) ListBgpPeers(context.Context, *lbdv1.ListBgpPeersRequest) (*lbd
 }
 
 // UpdateBgpPeer implements lbdv1.BgpServiceServer.
-func (s *Server) UpdateBgpPeer(_ context.Context, r *lbdv1.UpdateBgpPeerRequest) (*lbdv1.UpdateBgpPeerResponse, error) {
+func (s *Server) UpdateBgpPeer(ctx context.Context, r *lbdv1.UpdateBgpPeerRequest) (*lbdv1.UpdateBgpPeerResponse, error) {
+	if err := s.checkNotStatic(r.GetPeer().GetAddress()); err != nil {
+		return nil, err
+	}
 	p, err := s.st.UpdateBgpPeer(r.GetPeer())
 	if err != nil {
 		return nil, err
 	}
 	s.log.Info("bgp peer updated", "op", "update-bgp-peer", "peer", p.Address)
-	return &lbdv1.UpdateBgpPeerResponse{Peer: withPeerStatus(p)}, nil
+	return &lbdv1.UpdateBgpPeerResponse{Peer: s.peerStatus(ctx, p)}, nil
 }
 
 // DeleteBgpPeer implements lbdv1.BgpServiceServer.
 func (s *Server) DeleteBgpPeer(_ context.Context, r *lbdv1.DeleteBgpPeerRequest) (*lbdv1.DeleteBgpPeerResponse, error) {
+	if err := s.checkNotStatic(r.GetAddress()); err != nil {
+		return nil, err
+	}
 	if err := s.st.DeleteBgpPeer(r.GetAddress()); err != nil {
 		return nil, err
 	}
@@ -177,6 +229,13 @@ func (s *Server) DeleteBgpPeer(_ context.Context, r *lbdv1.DeleteBgpPeerRequest)
 }
 
 // ListBgpRoutes implements lbdv1.BgpServiceServer.
-func (s *Server) ListBgpRoutes(context.Context, *lbdv1.ListBgpRoutesRequest) (*lbdv1.ListBgpRoutesResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "ListBgpRoutes: this lbd runs no BGP speaker yet (the embedded GoBGP speaker is a later feature), so it advertises no route")
+func (s *Server) ListBgpRoutes(ctx context.Context, _ *lbdv1.ListBgpRoutesRequest) (*lbdv1.ListBgpRoutesResponse, error) {
+	if s.opts.BGP == nil {
+		return nil, status.Error(codes.Unimplemented, "ListBgpRoutes: this lbd runs no BGP speaker (no bgp section in its configuration), so it advertises no route")
+	}
+	routes, err := s.opts.BGP.Routes(ctx)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "list routes: %v", err)
+	}
+	return &lbdv1.ListBgpRoutesResponse{Routes: routes}, nil
 }

@@ -90,7 +90,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 func (r *Reconciler) enqueue(evs []store.Event) {
 	r.mu.Lock()
 	for _, ev := range evs {
-		if !ev.StatusOnly {
+		if !ev.StatusOnly && ev.Type != store.Node {
 			r.pending[ev.Name] = ev
 		}
 	}

@@ -44,6 +44,9 @@ func (s *Store) withStatus(svc *lbdv1.Service) *lbdv1.Service {
 	if st.AdvertiseReason == "" {
 		st.AdvertiseReason = "this node runs no BGP speaker"
 	}
+	if rt != nil && rt.hasAdvertise {
+		st.Advertised, st.AdvertiseReason = rt.advertised, rt.advertiseReason
+	}
 	switch {
 	case s.opts.StatusReason != "":
 		st.State, st.Reason = lbdv1.ServiceState_SERVICE_STATE_PENDING, s.opts.StatusReason
@@ -102,6 +105,30 @@ func (s *Store) ReportDatapath(name string, revision uint64, err error, tableSlo
 		rt.datapathErr = err.Error()
 	}
 	rt.tableSlots = tableSlots
+	ev := Event{Type: Modified, Name: name, Service: s.withStatus(svc), StatusOnly: true}
+	s.mu.Unlock()
+	s.notify([]Event{ev})
+	return nil
+}
+
+// SetAdvertised records whether the BGP advertiser announces the service's VIP, and
+// why (or why not). It only changes output-only status.
+func (s *Store) SetAdvertised(name string, advertised bool, reason string) error {
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	s.mu.Lock()
+	svc, ok := s.services[name]
+	if !ok {
+		s.mu.Unlock()
+		return notFound("service %q not found", name)
+	}
+	rt := s.runtime(name)
+	if rt.hasAdvertise && rt.advertised == advertised && rt.advertiseReason == reason {
+		s.mu.Unlock()
+		return nil
+	}
+	rt.hasAdvertise, rt.advertised, rt.advertiseReason = true, advertised, reason
+	rt.updated = time.Now()
 	ev := Event{Type: Modified, Name: name, Service: s.withStatus(svc), StatusOnly: true}
 	s.mu.Unlock()
 	s.notify([]Event{ev})

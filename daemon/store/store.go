@@ -35,6 +35,9 @@ const (
 	Added EventType = iota + 1
 	Modified
 	Deleted
+	// Node reports a change of node-level state: the drain flag or the BGP peers. Its
+	// Name and Service are empty.
+	Node
 )
 
 // Event reports one change of a service.
@@ -95,6 +98,11 @@ type serviceRuntime struct {
 	tableSlots      map[uint32]uint32
 	health          map[uint32]*lbdv1.BackendHealth
 	updated         time.Time
+	// advertised and advertiseReason come from the BGP advertiser; hasAdvertise is false
+	// until it reported.
+	hasAdvertise    bool
+	advertised      bool
+	advertiseReason string
 }
 
 // Open restores the store from opts.Path, or starts empty if the file does not exist. A
@@ -263,7 +271,6 @@ type txn struct {
 	svcIDs    idTxn
 	beIDs     idTxn
 	events    []Event
-	persist   bool
 }
 
 func (s *Store) begin() *txn {
@@ -278,7 +285,6 @@ func (s *Store) begin() *txn {
 		drained:   s.drained,
 		svcIDs:    s.svcIDs.begin(),
 		beIDs:     s.beIDs.begin(),
-		persist:   true,
 	}
 }
 
@@ -305,7 +311,7 @@ func (t *txn) commit() error {
 	if err := t.checkBackendTotal(); err != nil {
 		return err
 	}
-	if t.persist && s.opts.Path != "" {
+	if s.opts.Path != "" {
 		data, err := encodeState(t.state())
 		if err != nil {
 			return err
@@ -320,6 +326,9 @@ func (t *txn) commit() error {
 	t.svcIDs.commit()
 	t.beIDs.commit()
 	for i, ev := range t.events {
+		if ev.Type == Node {
+			continue
+		}
 		if ev.Type == Deleted {
 			delete(s.status, ev.Name)
 			continue
@@ -766,6 +775,7 @@ func (s *Store) CreateBgpPeer(in *lbdv1.BgpPeer) (*lbdv1.BgpPeer, error) {
 		return nil, failedPrecondition("", "the limit of %d BGP peers is reached", s.opts.Limits.MaxBgpPeers)
 	}
 	t.peers[p.Address] = p
+	t.events = append(t.events, Event{Type: Node})
 	if err := t.commit(); err != nil {
 		return nil, err
 	}
@@ -784,6 +794,7 @@ func (s *Store) UpdateBgpPeer(in *lbdv1.BgpPeer) (*lbdv1.BgpPeer, error) {
 		return nil, notFound("peer %s not found", p.Address)
 	}
 	t.peers[p.Address] = p
+	t.events = append(t.events, Event{Type: Node})
 	if err := t.commit(); err != nil {
 		return nil, err
 	}
@@ -802,6 +813,7 @@ func (s *Store) DeleteBgpPeer(address string) error {
 		return notFound("peer %s not found", address)
 	}
 	delete(t.peers, a.Unmap().String())
+	t.events = append(t.events, Event{Type: Node})
 	return t.commit()
 }
 
@@ -859,6 +871,7 @@ func (s *Store) SetDrained(drained bool) error {
 		return nil
 	}
 	t.drained = drained
+	t.events = append(t.events, Event{Type: Node})
 	return t.commit()
 }
 
