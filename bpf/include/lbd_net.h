@@ -1,0 +1,148 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Protocol headers and constants for the lbd BPF programs.
+ *
+ * Defined here rather than taken from <linux/ip.h> and friends: those pull in libc
+ * and host-architecture headers that a BPF build must not depend on. Only
+ * <linux/bpf.h> (for contexts, helpers and enums) is taken from the system. */
+#ifndef LBD_NET_H
+#define LBD_NET_H
+
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#define LBD_INLINE static __always_inline
+#define lbd_likely(x) __builtin_expect(!!(x), 1)
+#define lbd_unlikely(x) __builtin_expect(!!(x), 0)
+
+#define LBD_ETH_ALEN 6
+#define LBD_ETH_HLEN 14
+#define LBD_VLAN_HLEN 4
+#define LBD_ETH_P_IP 0x0800
+#define LBD_ETH_P_IPV6 0x86DD
+#define LBD_ETH_P_8021Q 0x8100
+#define LBD_ETH_P_8021AD 0x88A8
+
+#define LBD_IPPROTO_HOPOPTS 0
+#define LBD_IPPROTO_ICMP 1
+#define LBD_IPPROTO_TCP 6
+#define LBD_IPPROTO_UDP 17
+#define LBD_IPPROTO_ROUTING 43
+#define LBD_IPPROTO_FRAGMENT 44
+#define LBD_IPPROTO_AH 51
+#define LBD_IPPROTO_ICMPV6 58
+#define LBD_IPPROTO_DSTOPTS 60
+
+/* Address families as stored in lbd map keys (not AF_* values: these are smaller
+ * and spell out the IP version). */
+#define LBD_FAMILY_V4 4
+#define LBD_FAMILY_V6 6
+
+#define LBD_IP_DF 0x4000
+#define LBD_IP_MF 0x2000
+#define LBD_IP_OFFMASK 0x1FFF
+
+#define LBD_TCP_FIN 0x01
+#define LBD_TCP_SYN 0x02
+#define LBD_TCP_RST 0x04
+#define LBD_TCP_PSH 0x08
+#define LBD_TCP_ACK 0x10
+
+#define LBD_ICMP_DEST_UNREACH 3
+#define LBD_ICMP_TIME_EXCEEDED 11
+#define LBD_ICMP_PARAMETERPROB 12
+#define LBD_ICMP_PORT_UNREACH 3 /* code */
+#define LBD_ICMP_FRAG_NEEDED 4  /* code */
+
+#define LBD_ICMP6_DEST_UNREACH 1
+#define LBD_ICMP6_PKT_TOOBIG 2
+#define LBD_ICMP6_TIME_EXCEED 3
+#define LBD_ICMP6_PARAMPROB 4
+#define LBD_ICMP6_PORT_UNREACH 4 /* code */
+
+struct lbd_ethhdr {
+	__u8 dst[LBD_ETH_ALEN];
+	__u8 src[LBD_ETH_ALEN];
+	__be16 proto;
+};
+
+struct lbd_vlanhdr {
+	__be16 tci;
+	__be16 proto;
+};
+
+struct lbd_iphdr {
+	__u8 ver_ihl; /* version:4 | ihl:4 */
+	__u8 tos;
+	__be16 tot_len;
+	__be16 id;
+	__be16 frag_off;
+	__u8 ttl;
+	__u8 protocol;
+	__sum16 check;
+	__be32 saddr;
+	__be32 daddr;
+};
+
+struct lbd_ipv6hdr {
+	__be32 ver_tc_flow; /* version:4 | traffic class:8 | flow label:20 */
+	__be16 payload_len;
+	__u8 nexthdr;
+	__u8 hop_limit;
+	__u8 saddr[16];
+	__u8 daddr[16];
+};
+
+struct lbd_ipv6_opthdr {
+	__u8 nexthdr;
+	__u8 hdrlen;
+};
+
+struct lbd_ipv6_fraghdr {
+	__u8 nexthdr;
+	__u8 reserved;
+	__be16 frag_off; /* offset:13 | res:2 | M:1 */
+	__be32 id;
+};
+
+struct lbd_tcphdr {
+	__be16 source;
+	__be16 dest;
+	__be32 seq;
+	__be32 ack_seq;
+	__u8 doff_res; /* data offset:4 | reserved:4 */
+	__u8 flags;
+	__be16 window;
+	__sum16 check;
+	__be16 urg_ptr;
+};
+
+struct lbd_udphdr {
+	__be16 source;
+	__be16 dest;
+	__be16 len;
+	__sum16 check;
+};
+
+/* ICMP and ICMPv6 share this layout: type, code, checksum, 4 bytes of
+ * type-specific data (the next-hop MTU of "fragmentation needed" sits in the low
+ * 16 bits; ICMPv6 "packet too big" uses all 32). */
+struct lbd_icmphdr {
+	__u8 type;
+	__u8 code;
+	__sum16 check;
+	__be32 un;
+};
+
+/* The structs above have no implicit padding, so they are not marked packed:
+ * packed would make clang emit byte-wise loads and stores for every field. */
+_Static_assert(sizeof(struct lbd_ethhdr) == 14, "ethhdr");
+_Static_assert(sizeof(struct lbd_iphdr) == 20, "iphdr");
+_Static_assert(sizeof(struct lbd_ipv6hdr) == 40, "ipv6hdr");
+_Static_assert(sizeof(struct lbd_tcphdr) == 20, "tcphdr");
+_Static_assert(sizeof(struct lbd_udphdr) == 8, "udphdr");
+_Static_assert(sizeof(struct lbd_icmphdr) == 8, "icmphdr");
+_Static_assert(sizeof(struct lbd_ipv6_fraghdr) == 8, "fraghdr");
+
+#endif

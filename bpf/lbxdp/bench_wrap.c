@@ -1,0 +1,89 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+//go:build ignore
+
+/* Benchmark harness for lb_xdp (test builds only). BPF_PROG_TEST_RUN with Repeat
+ * re-runs a program on the buffer the previous run left behind, so an
+ * encapsulating path would be measured once and then on its own output. This
+ * wrapper restores the input template before every run, optionally gives every
+ * run a new flow, and tail-calls the program under test. */
+#include "lbd_net.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+#define BW_MAX 256
+
+struct bw_template {
+	__u32 len;       /* bytes of data in use */
+	__u32 vary;      /* nonzero: a new IPv4 source address and port every run */
+	__u32 saddr_off; /* offset of the IPv4 source address */
+	__u32 sport_off; /* offset of the transport source port */
+	__u8 data[BW_MAX];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct bw_template);
+} bw_tmpl SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} bw_seq SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} bw_target SEC(".maps");
+
+SEC("xdp")
+int bench_wrap(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct bw_template *t;
+	__u32 zero = 0, len;
+
+	t = bpf_map_lookup_elem(&bw_tmpl, &zero);
+	if (!t)
+		return XDP_ABORTED;
+	len = data_end - data;
+	/* Undo a previous run's bpf_xdp_adjust_head (encapsulation). */
+	if (len != t->len && bpf_xdp_adjust_head(ctx, (int)len - (int)t->len))
+		return XDP_ABORTED;
+	len = t->len;
+	if (len == 0 || len > BW_MAX)
+		return XDP_ABORTED;
+	if (bpf_xdp_store_bytes(ctx, 0, t->data, len))
+		return XDP_ABORTED;
+	if (t->vary) {
+		__u64 *seq = bpf_map_lookup_elem(&bw_seq, &zero);
+		__be32 saddr;
+		__be16 sport;
+		__u32 n;
+
+		if (!seq)
+			return XDP_ABORTED;
+		n = (*seq)++;
+		/* 2^17 sources in 198.18.0.0/15 times 2^15 ports: no flow repeats. */
+		saddr = bpf_htonl(0xc6120000 | (n & 0x1ffff));
+		sport = bpf_htons(0x8000 | ((n >> 17) & 0x7fff));
+		if (bpf_xdp_store_bytes(ctx, t->saddr_off, &saddr, sizeof(saddr)) ||
+		    bpf_xdp_store_bytes(ctx, t->sport_off, &sport, sizeof(sport)))
+			return XDP_ABORTED;
+	}
+	bpf_tail_call(ctx, &bw_target, 0);
+	return XDP_ABORTED;
+}
+
+/* Tail-call target for measuring the harness alone. */
+SEC("xdp")
+int bench_pass(struct xdp_md *ctx)
+{
+	return XDP_PASS;
+}

@@ -1,0 +1,235 @@
+//go:build linux
+
+package lbxdp
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+)
+
+// ctEnv: one TCP and one UDP service with backends A (1) and B (2); the table
+// initially points at A only.
+func ctEnv(t *testing.T) *env {
+	t.Helper()
+	e := newEnv(t)
+	e.addBackend(t, 1, "198.18.20.1", 8080, "198.18.10.1")
+	e.addBackend(t, 2, "198.18.20.2", 8080, "198.18.10.2")
+	e.addService(t, svcSetup{ServiceKey{vip4, 80, ProtoTCP}, Service{ID: 1}, []uint32{1}})
+	e.addService(t, svcSetup{ServiceKey{vip4, 53, ProtoUDP}, Service{ID: 2}, []uint32{1}})
+	e.addService(t, svcSetup{ServiceKey{vip6, 80, ProtoTCP}, Service{ID: 3}, nil})
+	e.addBackend(t, 3, "2001:db8:20::3", 8080, "2001:db8:10::3")
+	e.addBackend(t, 4, "2001:db8:20::4", 8080, "2001:db8:10::4")
+	e.setTable(t, 3, []uint32{3}, 31)
+	return e
+}
+
+// sendTo runs a packet and returns the backend address it was sent to.
+func (e *env) sendTo(t *testing.T, p pkt) netip.Addr {
+	t.Helper()
+	v, out := e.run(t, p.build(t))
+	if v != XDPTx {
+		t.Fatalf("verdict %v, want XDP_TX", v)
+	}
+	return innerDst(decodeEncap(t, out))
+}
+
+func flowOf(p pkt) Flow {
+	proto := p.proto
+	if proto == 0 {
+		proto = ProtoTCP
+	}
+	return Flow{Src: netip.AddrPortFrom(p.src, p.sport), Dst: netip.AddrPortFrom(p.dst, p.dport), Proto: proto}
+}
+
+func (e *env) ct(t *testing.T, p pkt) CTEntry {
+	t.Helper()
+	ent, ok, err := e.d.ConntrackLookup(flowOf(p))
+	if err != nil || !ok {
+		t.Fatalf("conntrack entry for %+v: ok=%v err=%v", flowOf(p), ok, err)
+	}
+	return ent
+}
+
+var (
+	beA  = netip.MustParseAddr("198.18.20.1")
+	beB  = netip.MustParseAddr("198.18.20.2")
+	be6A = netip.MustParseAddr("2001:db8:20::3")
+	be6B = netip.MustParseAddr("2001:db8:20::4")
+)
+
+// TestConntrackSticky: established flows keep their backend when the table
+// changes; new flows follow the new table; both families.
+func TestConntrackSticky(t *testing.T) {
+	e := ctEnv(t)
+	cases := []struct {
+		name     string
+		syn, ack pkt
+		newFlow  pkt
+		svc      uint32
+		a, b     netip.Addr
+		bID      uint32
+	}{
+		{"tcp4", pkt{src: client4, dst: vip4, sport: 1000, dport: 80}, pkt{src: client4, dst: vip4, sport: 1000, dport: 80, tcpFlags: tcpACK}, pkt{src: client4, dst: vip4, sport: 1001, dport: 80}, 1, beA, beB, 2},
+		{"udp4", pkt{src: client4, dst: vip4, sport: 1000, dport: 53, proto: ProtoUDP}, pkt{src: client4, dst: vip4, sport: 1000, dport: 53, proto: ProtoUDP}, pkt{src: client4, dst: vip4, sport: 1001, dport: 53, proto: ProtoUDP}, 2, beA, beB, 2},
+		{"tcp6", pkt{src: client6, dst: vip6, sport: 1000, dport: 80}, pkt{src: client6, dst: vip6, sport: 1000, dport: 80, tcpFlags: tcpACK}, pkt{src: client6, dst: vip6, sport: 1001, dport: 80}, 3, be6A, be6B, 4},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := e.sendTo(t, c.syn); got != c.a {
+				t.Fatalf("first packet went to %v, want %v", got, c.a)
+			}
+			e.setTable(t, c.svc, []uint32{c.bID}, 13)
+			if got := e.sendTo(t, c.ack); got != c.a {
+				t.Errorf("established flow moved to %v after a table change", got)
+			}
+			if got := e.sendTo(t, c.newFlow); got != c.b {
+				t.Errorf("new flow went to %v, want %v (new table)", got, c.b)
+			}
+		})
+	}
+}
+
+// TestConntrackBackendGone: a flow whose backend was deleted is balanced again
+// and its entry follows.
+func TestConntrackBackendGone(t *testing.T) {
+	e := ctEnv(t)
+	syn := pkt{src: client4, dst: vip4, sport: 2000, dport: 80}
+	ack := syn
+	ack.tcpFlags = tcpACK
+	if got := e.sendTo(t, syn); got != beA {
+		t.Fatalf("went to %v", got)
+	}
+	e.setTable(t, 1, []uint32{2}, 31)
+	if err := e.d.DeleteBackend(1); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.sendTo(t, ack); got != beB {
+		t.Fatalf("flow of a deleted backend went to %v, want %v", got, beB)
+	}
+	if ent := e.ct(t, syn); ent.BackendID != 2 {
+		t.Errorf("conntrack entry still points to backend %d", ent.BackendID)
+	}
+}
+
+// TestConntrackStates: SYN, ACK, FIN and RST shape the entry's state and
+// lifetime; a new SYN on a closing entry is balanced again.
+func TestConntrackStates(t *testing.T) {
+	e := ctEnv(t)
+	cfg := DefaultConfig()
+	base := pkt{src: client4, dst: vip4, sport: 3000, dport: 80}
+	with := func(flags uint8) pkt { p := base; p.tcpFlags = flags; return p }
+	steps := []struct {
+		name    string
+		flags   uint8
+		state   CTState
+		timeout time.Duration
+	}{
+		{"syn", tcpSYN, CTSyn, cfg.TCPSynTimeout},
+		{"syn retransmit", tcpSYN, CTSyn, cfg.TCPSynTimeout},
+		{"ack", tcpACK, CTEstablished, cfg.TCPEstablishedTimeout},
+		{"data", tcpACK | tcpPSH, CTEstablished, cfg.TCPEstablishedTimeout},
+		{"fin", tcpFIN | tcpACK, CTClosing, cfg.TCPClosingTimeout},
+		{"last ack", tcpACK, CTClosing, cfg.TCPClosingTimeout},
+	}
+	for _, s := range steps {
+		before := MonotonicNow()
+		e.sendTo(t, with(s.flags))
+		ent := e.ct(t, base)
+		if ent.State != s.state {
+			t.Fatalf("%s: state %v, want %v", s.name, ent.State, s.state)
+		}
+		// Refreshes happen at most once a second, so allow that much slack.
+		if life := ent.ExpiresAt - ent.LastSeen; life != s.timeout {
+			t.Errorf("%s: lifetime %v, want %v", s.name, life, s.timeout)
+		}
+		if ent.LastSeen < before-2*time.Second || ent.LastSeen > MonotonicNow() || ent.Created > ent.LastSeen {
+			t.Errorf("%s: timestamps created %v last %v around now %v", s.name, ent.Created, ent.LastSeen, before)
+		}
+		if ent.BackendID != 1 || ent.ServiceID != 1 {
+			t.Errorf("%s: entry %+v", s.name, ent)
+		}
+	}
+	// Port reuse: a new SYN on a closing entry is a new connection.
+	e.setTable(t, 1, []uint32{2}, 31)
+	if got := e.sendTo(t, with(tcpSYN)); got != beB {
+		t.Errorf("SYN on a closing entry went to %v, want re-balanced to %v", got, beB)
+	}
+	if ent := e.ct(t, base); ent.State != CTSyn || ent.BackendID != 2 {
+		t.Errorf("re-balanced entry %+v", ent)
+	}
+	// RST closes too; a mid-flow packet without entry starts established.
+	rst := pkt{src: client4, dst: vip4, sport: 3001, dport: 80, tcpFlags: tcpRST}
+	e.sendTo(t, rst)
+	if ent := e.ct(t, rst); ent.State != CTClosing {
+		t.Errorf("RST: state %v", ent.State)
+	}
+	mid := pkt{src: client4, dst: vip4, sport: 3002, dport: 80, tcpFlags: tcpACK}
+	e.sendTo(t, mid)
+	if ent := e.ct(t, mid); ent.State != CTEstablished {
+		t.Errorf("mid-flow pickup: state %v", ent.State)
+	}
+	udp := pkt{src: client4, dst: vip4, sport: 3003, dport: 53, proto: ProtoUDP}
+	e.sendTo(t, udp)
+	if ent := e.ct(t, udp); ent.State != CTOther || ent.ExpiresAt-ent.LastSeen != cfg.UDPTimeout {
+		t.Errorf("UDP entry %+v", ent)
+	}
+}
+
+// TestConntrackExpiry: an entry past its lifetime no longer pins the flow.
+func TestConntrackExpiry(t *testing.T) {
+	e := ctEnv(t)
+	cfg := DefaultConfig()
+	cfg.Source4, cfg.Source6 = src4, src6
+	cfg.UDPTimeout = 0 // entries expire as soon as they are written
+	if err := e.d.SetConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	udp := pkt{src: client4, dst: vip4, sport: 4000, dport: 53, proto: ProtoUDP}
+	if got := e.sendTo(t, udp); got != beA {
+		t.Fatalf("went to %v", got)
+	}
+	e.setTable(t, 2, []uint32{2}, 31)
+	if got := e.sendTo(t, udp); got != beB {
+		t.Errorf("expired entry still pinned the flow to %v", got)
+	}
+	n, err := e.d.DeleteConntrackWhere(func(c CTEntry) bool { return c.Expired(MonotonicNow()) })
+	if err != nil || n != 1 {
+		t.Errorf("GC of expired entries deleted %d (%v), want 1", n, err)
+	}
+}
+
+// TestConntrackListDelete: listing sees every entry, deletion by backend and
+// by flow removes exactly what it should.
+func TestConntrackListDelete(t *testing.T) {
+	e := ctEnv(t)
+	for i := range 50 {
+		e.sendTo(t, pkt{src: client4, dst: vip4, sport: uint16(5000 + i), dport: 80})
+	}
+	e.setTable(t, 1, []uint32{2}, 31)
+	for i := range 30 {
+		e.sendTo(t, pkt{src: client4, dst: vip4, sport: uint16(6000 + i), dport: 80})
+	}
+	count := map[uint32]int{}
+	if err := e.d.Conntrack(func(c CTEntry) bool { count[c.BackendID]++; return true }); err != nil {
+		t.Fatal(err)
+	}
+	if count[1] != 50 || count[2] != 30 {
+		t.Fatalf("listing: %v, want 50 on 1 and 30 on 2", count)
+	}
+	n, err := e.d.DeleteConntrackByBackend(1)
+	if err != nil || n != 50 {
+		t.Fatalf("delete by backend: %d, %v", n, err)
+	}
+	flows := []Flow{flowOf(pkt{src: client4, dst: vip4, sport: 6000, dport: 80}), flowOf(pkt{src: client4, dst: vip4, sport: 9999, dport: 80})}
+	if n, err := e.d.DeleteConntrack(flows); err != nil || n != 1 {
+		t.Fatalf("delete by flow: %d, %v (one of two exists)", n, err)
+	}
+	total := 0
+	if err := e.d.Conntrack(func(c CTEntry) bool { total++; return c.BackendID == 2 }); err != nil {
+		t.Fatal(err)
+	}
+	if total != 29 {
+		t.Errorf("%d entries left, want 29", total)
+	}
+}

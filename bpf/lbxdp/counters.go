@@ -1,0 +1,116 @@
+//go:build linux
+
+package lbxdp
+
+import (
+	"fmt"
+
+	"github.com/cilium/ebpf"
+)
+
+// Counters are summed over CPUs. Bytes count the client's IP packets (without
+// link-layer or tunnel headers).
+type Counters struct {
+	Packets  uint64
+	Bytes    uint64
+	NewFlows uint64
+}
+
+// DropReason says why the datapath dropped a packet; mirrors enum lb_drop_reason.
+type DropReason uint32
+
+// Drop reasons. Rejected and TooBig packets are dropped but answered.
+const (
+	DropMalformed        DropReason = iota // inconsistent or truncated headers
+	DropFragment                           // IP fragment of VIP traffic
+	DropSourceRange                        // client outside the service's source ranges
+	DropNoBackend                          // no usable backend, service drops silently
+	DropRejected                           // no usable backend, answered with RST / port unreachable
+	DropTooBig                             // too big once encapsulated, answered with ICMP
+	DropTooBigUnsignaled                   // too big and no ICMP possible (IPv4 without DF, ICMP errors)
+	DropFIB                                // no route or neighbour toward the backend's node
+	DropInternal                           // a packet-resizing helper failed
+	dropReasons
+)
+
+var dropNames = [...]string{"malformed", "fragment", "source_range", "no_backend", "rejected", "too_big", "too_big_unsignaled", "fib", "internal"}
+
+func (r DropReason) String() string {
+	if r < dropReasons {
+		return dropNames[r]
+	}
+	return fmt.Sprintf("drop(%d)", uint32(r))
+}
+
+// DropReasons lists every reason, in order.
+func DropReasons() []DropReason {
+	out := make([]DropReason, dropReasons)
+	for i := range out {
+		out[i] = DropReason(i)
+	}
+	return out
+}
+
+func sumPerCPU(m *ebpf.Map, id uint32) (Counters, error) {
+	var per []lbxdpLbCounter
+	if err := m.Lookup(id, &per); err != nil {
+		return Counters{}, err
+	}
+	var c Counters
+	for _, p := range per {
+		c.Packets += p.Packets
+		c.Bytes += p.Bytes
+		c.NewFlows += p.NewFlows
+	}
+	return c, nil
+}
+
+// ServiceCounters returns a service's packets, bytes and new flows.
+func (d *Datapath) ServiceCounters(serviceID uint32) (Counters, error) {
+	c, err := sumPerCPU(d.objs.LbSvcStats, serviceID)
+	if err != nil {
+		return Counters{}, fmt.Errorf("read service %d counters: %w", serviceID, err)
+	}
+	return c, nil
+}
+
+// BackendCounters returns the packets, bytes and new flows sent to a backend.
+func (d *Datapath) BackendCounters(backendID uint32) (Counters, error) {
+	c, err := sumPerCPU(d.objs.LbBeStats, backendID)
+	if err != nil {
+		return Counters{}, fmt.Errorf("read backend %d counters: %w", backendID, err)
+	}
+	return c, nil
+}
+
+// DropCounters returns packets and bytes dropped, per reason.
+func (d *Datapath) DropCounters() (map[DropReason]Counters, error) {
+	out := make(map[DropReason]Counters, dropReasons)
+	for _, r := range DropReasons() {
+		c, err := sumPerCPU(d.objs.LbDropStats, uint32(r))
+		if err != nil {
+			return nil, fmt.Errorf("read drop counters %v: %w", r, err)
+		}
+		out[r] = c
+	}
+	return out, nil
+}
+
+// ResetServiceCounters zeroes the counters of a service (e.g. when its ID is
+// reused).
+func (d *Datapath) ResetServiceCounters(serviceID uint32) error {
+	zero := make([]lbxdpLbCounter, ebpf.MustPossibleCPU())
+	if err := d.objs.LbSvcStats.Update(serviceID, zero, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("reset service %d counters: %w", serviceID, err)
+	}
+	return nil
+}
+
+// ResetBackendCounters zeroes the counters of a backend.
+func (d *Datapath) ResetBackendCounters(backendID uint32) error {
+	zero := make([]lbxdpLbCounter, ebpf.MustPossibleCPU())
+	if err := d.objs.LbBeStats.Update(backendID, zero, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("reset backend %d counters: %w", backendID, err)
+	}
+	return nil
+}

@@ -1,0 +1,83 @@
+//go:build linux
+
+package lbxdp
+
+import (
+	"bytes"
+	"testing"
+)
+
+// TestCounters: per-service and per-backend packets, bytes and new flows, and
+// per-reason drops, summed over CPUs.
+func TestCounters(t *testing.T) {
+	e := ctEnv(t)
+	syn := pkt{src: client4, dst: vip4, sport: 100, dport: 80}
+	ack := pkt{src: client4, dst: vip4, sport: 100, dport: 80, tcpFlags: tcpACK, payload: 60}
+	other := pkt{src: client4, dst: vip4, sport: 101, dport: 80}
+	e.sendTo(t, syn)
+	e.sendTo(t, ack)
+	e.sendTo(t, ack)
+	e.sendTo(t, other)
+	want := Counters{Packets: 4, Bytes: 40 + 100 + 100 + 40, NewFlows: 2}
+	svc, err := e.d.ServiceCounters(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	be, err := e.d.BackendCounters(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if svc != want || be != want {
+		t.Errorf("service %+v backend %+v, want %+v", svc, be, want)
+	}
+	if c, _ := e.d.BackendCounters(2); c != (Counters{}) {
+		t.Errorf("unused backend counted %+v", c)
+	}
+	e.expectDrop(t, pkt{src: client4, dst: vip4, sport: 1, dport: 80, payload: 2}.build(t)[:30], DropMalformed)
+	if err := e.d.ResetServiceCounters(1); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.d.ResetBackendCounters(1); err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := e.d.ServiceCounters(1); c != (Counters{}) {
+		t.Errorf("after reset: %+v", c)
+	}
+}
+
+// TestTrace: a traced packet gets the verdict and output a real one would,
+// without touching conntrack, affinity or counters.
+func TestTrace(t *testing.T) {
+	e := ctEnv(t)
+	frame := pkt{src: client4, dst: vip4, sport: 555, dport: 80}.build(t)
+	var v Verdict
+	var out []byte
+	var err error
+	inNS(t, e.ns, func() { v, out, err = e.d.Trace(frame, e.ifA) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v != XDPTx || innerDst(decodeEncap(t, out)) != beA {
+		t.Fatalf("trace: %v to %v", v, innerDst(decodeEncap(t, out)))
+	}
+	if _, ok, _ := e.d.ConntrackLookup(flowOf(pkt{src: client4, dst: vip4, sport: 555, dport: 80})); ok {
+		t.Error("trace created a conntrack entry")
+	}
+	if c, _ := e.d.ServiceCounters(1); c != (Counters{}) {
+		t.Errorf("trace counted %+v", c)
+	}
+	// The same frame for real agrees with the trace.
+	rv, rout := e.run(t, frame)
+	if rv != v || !bytes.Equal(rout, out) {
+		t.Error("real run differs from the trace")
+	}
+	// Trace of a malformed frame does not count a drop either.
+	before := e.drops(t)[DropMalformed]
+	inNS(t, e.ns, func() { v, _, err = e.d.Trace(frame[:20], e.ifA) })
+	if err != nil || v != XDPDrop {
+		t.Fatalf("trace of a cut frame: %v %v", v, err)
+	}
+	if e.drops(t)[DropMalformed] != before {
+		t.Error("trace counted a drop")
+	}
+}

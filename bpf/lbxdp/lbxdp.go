@@ -1,0 +1,218 @@
+//go:build linux
+
+// Package lbxdp loads the LB-node XDP datapath (lbxdp.c) and gives typed access
+// to every map it uses, so that callers never handle raw map bytes.
+//
+// The program handles packets to a VIP service: it picks a backend (conntrack,
+// then session affinity, then the service's Maglev table), DNATs the client's
+// packet to the backend and sends it, wrapped in Geneve with the DSR option of
+// DESIGN.md §2, to the backend's node via a FIB lookup (XDP_TX when the route
+// leaves by the ingress port, a redirect otherwise). Everything else passes to
+// the kernel.
+//
+// Behaviour worth knowing:
+//   - IP fragments of VIP traffic are dropped and counted (DropFragment):
+//     without reassembly only the first fragment carries the ports, so later
+//     fragments could not follow it to the same backend. Clients rely on path
+//     MTU discovery, which the too-big replies support.
+//   - A packet that would exceed the egress MTU once encapsulated is answered
+//     with ICMP "fragmentation needed" (IPv4 with DF) or ICMPv6 "packet too big"
+//     carrying the egress MTU minus the encapsulation overhead; an IPv4 packet
+//     without DF cannot be signalled and is dropped (DropTooBigUnsignaled).
+//   - A new flow to a service without a usable backend is answered with a TCP
+//     RST or an ICMP/ICMPv6 port unreachable, or dropped if the service has
+//     DropNoBackend set.
+//   - Frames with inconsistent headers are dropped (DropMalformed), whatever
+//     their destination: the kernel would drop them too.
+//   - ICMP errors about a VIP flow are forwarded to that flow's backend, with
+//     the outer destination and the embedded source rewritten to the backend.
+//   - FIB results toward backend nodes (next hop, outer source, route MTU) are
+//     cached per CPU for half a second; FlushRouteCache applies a route or
+//     neighbour change at once. Only locked route MTUs ("mtu lock") are seen
+//     by the FIB helper; otherwise the device MTU applies.
+//
+// # Conntrack lifetimes
+//
+// Timestamps in conntrack and affinity entries are CLOCK_MONOTONIC_COARSE
+// nanoseconds (bpf_ktime_get_coarse_ns: CLOCK_MONOTONIC as of the last tick,
+// a few milliseconds behind at most), comparable with MonotonicNow. A conntrack
+// entry stores when it was created, when it was last refreshed (at most once
+// per second per flow, to keep established flows cheap) and ExpiresAt =
+// LastSeen + the timeout of its state: TCP SYN seen, established, closing (FIN
+// or RST seen), or UDP; the timeouts come from Config. The datapath ignores an
+// expired entry (the flow is balanced again) and a closing entry hit by a new
+// SYN; a garbage collector deletes entries whose ExpiresAt is before
+// MonotonicNow. Affinity entries expire AffinityTimeout after LastSeen, which
+// is refreshed each time the client opens a new flow.
+package lbxdp
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+)
+
+// Default map sizes, used when an Options field is zero.
+const (
+	DefaultMaxServices     = 4096
+	DefaultMaxBackends     = 65536
+	DefaultConntrackSize   = 1 << 20
+	DefaultAffinitySize    = 65536
+	DefaultSourceRangeSize = 16384
+	// MaxTableSize bounds a Maglev table (go-maglev's tables are far smaller).
+	MaxTableSize = 1 << 24
+)
+
+// Options configure Load. Zero values take the defaults above.
+type Options struct {
+	// PinPath is a bpffs directory. When set, every map is pinned there by name
+	// and maps already pinned there are reused, so a restarted daemon adopts
+	// the running datapath's state. It must exist.
+	PinPath string
+	// MaxServices bounds service IDs (IDs are 0..MaxServices-1).
+	MaxServices uint32
+	// MaxBackends bounds backend IDs (IDs are 1..MaxBackends-1; 0 means none).
+	MaxBackends uint32
+	// ConntrackSize is the number of flows the LRU conntrack map holds.
+	ConntrackSize uint32
+	// AffinitySize is the number of client entries the LRU affinity map holds.
+	AffinitySize uint32
+	// SourceRangeSize is the number of allowed source prefixes over all services.
+	SourceRangeSize uint32
+}
+
+func (o *Options) setDefaults() {
+	if o.MaxServices == 0 {
+		o.MaxServices = DefaultMaxServices
+	}
+	if o.MaxBackends == 0 {
+		o.MaxBackends = DefaultMaxBackends
+	}
+	if o.ConntrackSize == 0 {
+		o.ConntrackSize = DefaultConntrackSize
+	}
+	if o.AffinitySize == 0 {
+		o.AffinitySize = DefaultAffinitySize
+	}
+	if o.SourceRangeSize == 0 {
+		o.SourceRangeSize = DefaultSourceRangeSize
+	}
+}
+
+// Datapath is a loaded instance of the XDP program and its maps.
+type Datapath struct {
+	objs        lbxdpObjects
+	opts        Options
+	maglevInner *ebpf.MapSpec
+}
+
+// Load loads the program and creates (or, with PinPath, adopts) its maps. A
+// verifier error is returned whole: print it with %+v to see the log.
+func Load(opts Options) (*Datapath, error) {
+	opts.setDefaults()
+	spec, err := Spec(opts)
+	if err != nil {
+		return nil, err
+	}
+	d := &Datapath{opts: opts, maglevInner: spec.Maps["lb_maglev"].InnerMap.Copy()}
+	err = spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{
+		Maps: ebpf.MapOptions{PinPath: opts.PinPath},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("load lbxdp objects: %w", err)
+	}
+	cfg, err := d.Config()
+	if err != nil {
+		d.Close()
+		return nil, err
+	}
+	// A fresh config map is all zeros; an adopted one keeps the running config.
+	if cfg == (Config{}) {
+		if err := d.SetConfig(DefaultConfig()); err != nil {
+			d.Close()
+			return nil, err
+		}
+	}
+	return d, nil
+}
+
+// Close releases the program and map handles. Pinned maps stay in bpffs.
+func (d *Datapath) Close() error {
+	if err := d.objs.Close(); err != nil {
+		return fmt.Errorf("close lbxdp objects: %w", err)
+	}
+	return nil
+}
+
+// Program returns the XDP program (for attaching or test runs). It stays owned
+// by the Datapath.
+func (d *Datapath) Program() *ebpf.Program { return d.objs.LbXdp }
+
+// Options returns the options the Datapath was loaded with, defaults filled in.
+func (d *Datapath) Options() Options { return d.opts }
+
+// Attach attaches the program to an interface in native (driver) mode. Native
+// mode is required: generic mode hides checksum and XDP_TX problems.
+func (d *Datapath) Attach(ifindex int) (link.Link, error) {
+	l, err := link.AttachXDP(link.XDPOptions{
+		Program:   d.objs.LbXdp,
+		Interface: ifindex,
+		Flags:     link.XDPDriverMode,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("attach xdp to ifindex %d: %w", ifindex, err)
+	}
+	return l, nil
+}
+
+// MonotonicNow reads the clock of conntrack and affinity timestamps.
+func MonotonicNow() time.Duration {
+	var ts unix.Timespec
+	// CLOCK_MONOTONIC cannot fail on Linux.
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return time.Duration(ts.Nano())
+}
+
+// Address families as stored in map keys.
+const (
+	familyV4 = 4
+	familyV6 = 6
+)
+
+// ErrFamily reports an address that is neither IPv4 nor IPv6, or a mismatch
+// between families that must agree.
+var ErrFamily = errors.New("invalid address family")
+
+// ErrRange reports an ID or size outside the bounds the maps were created with.
+var ErrRange = errors.New("out of range")
+
+func addrBytes(a netip.Addr) (b [16]byte, family uint8, err error) {
+	switch {
+	case a.Is4():
+		v := a.As4()
+		copy(b[:], v[:])
+		return b, familyV4, nil
+	case a.Is6() && !a.Is4In6():
+		return a.As16(), familyV6, nil
+	}
+	return b, 0, fmt.Errorf("address %v: %w", a, ErrFamily)
+}
+
+func bytesAddr(b [16]byte, family uint8) netip.Addr {
+	if family == familyV4 {
+		return netip.AddrFrom4([4]byte(b[:4]))
+	}
+	if family == familyV6 {
+		return netip.AddrFrom16(b)
+	}
+	return netip.Addr{}
+}
+
+// htons converts a port to the network-order value the maps store in a
+// native-endian uint16 field.
+func htons(v uint16) uint16 { return v<<8 | v>>8 }

@@ -1,0 +1,152 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Map layouts of the LB-node XDP program. The Go package mirrors these through
+ * bpf2go -type; change both together. Addresses are 16 bytes with IPv4 in the
+ * first four and zeros after, so one key layout serves both families. */
+#ifndef LBXDP_H
+#define LBXDP_H
+
+#include "lbd_net.h"
+
+/* Defaults for map sizes; the Go loader overrides max_entries at load time. */
+#define LB_DEFAULT_MAX_SERVICES 4096
+#define LB_DEFAULT_MAX_BACKENDS 65536
+#define LB_DEFAULT_CT_SIZE 1048576
+#define LB_DEFAULT_AFF_SIZE 65536
+#define LB_DEFAULT_SRC_SIZE 16384
+
+/* Service flags. */
+enum lb_svc_flag {
+	LB_SVC_HASH_SRC = 1 << 0,     /* Maglev index from the client address only */
+	LB_SVC_DROP_NO_BE = 1 << 1,   /* no backend: drop silently instead of rejecting */
+	LB_SVC_SRC_RANGES = 1 << 2,   /* only sources in lb_src_ranges may connect */
+	LB_SVC_AFFINITY = 1 << 3,     /* session affinity by client address */
+};
+
+/* Why a packet was dropped (index of lb_drop_stats). A "reject" or "too big"
+ * packet is dropped but answered. */
+enum lb_drop_reason {
+	LB_DROP_MALFORMED = 0,     /* headers truncated or inconsistent */
+	LB_DROP_FRAGMENT,          /* IP fragment of VIP traffic */
+	LB_DROP_SRC_RANGE,         /* source outside the service's allowed ranges */
+	LB_DROP_NO_BACKEND,        /* no usable backend, service asks to drop */
+	LB_DROP_REJECTED,          /* no usable backend, answered with RST / unreachable */
+	LB_DROP_TOO_BIG,           /* would exceed the egress MTU, answered with ICMP */
+	LB_DROP_TOO_BIG_UNSIGNALED, /* would exceed the MTU, no ICMP possible (no DF, ICMP error) */
+	LB_DROP_FIB,               /* no route or neighbour toward the backend node */
+	LB_DROP_INTERNAL,          /* a packet-resizing helper failed */
+	LB_DROP_MAX,
+};
+
+/* TCP-derived state of a conntrack entry; selects its timeout. */
+enum lb_ct_state {
+	LB_CT_OTHER = 0,   /* UDP: idle timeout */
+	LB_CT_SYN = 1,     /* SYN seen, no ACK yet */
+	LB_CT_ESTABLISHED = 2,
+	LB_CT_CLOSING = 3, /* FIN or RST seen: short timeout; a new SYN re-balances */
+};
+
+struct lb_vip_key {
+	__u8 addr[16];
+	__u8 family;
+	__u8 pad[3];
+};
+
+/* Number of services on a VIP address, and how many of them take all ports. */
+struct lb_vip {
+	__u32 services;
+	__u16 wild_tcp;
+	__u16 wild_udp;
+};
+
+struct lb_service_key {
+	__u8 addr[16];
+	__be16 port; /* 0: all ports */
+	__u8 proto;
+	__u8 family;
+};
+
+struct lb_service {
+	__u32 id;               /* stable; indexes lb_maglev and lb_svc_stats */
+	__u32 flags;            /* enum lb_svc_flag */
+	__u32 affinity_timeout; /* seconds */
+	__u32 pad;
+};
+
+struct lb_backend {
+	__u8 addr[16];
+	__u8 node_addr[16]; /* outer destination */
+	__be16 port;        /* 0: keep the client's destination port */
+	__u8 family;        /* 0: slot unused */
+	__u8 node_family;
+};
+
+struct lb_ct_key {
+	__u8 saddr[16]; /* client */
+	__u8 daddr[16]; /* VIP */
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 family;
+	__u16 pad;
+};
+
+struct lb_ct {
+	__u64 created_ns;   /* CLOCK_MONOTONIC */
+	__u64 last_seen_ns; /* refreshed at most once per LB_CT_REFRESH_NS */
+	__u64 expires_ns;   /* last_seen_ns + timeout of state */
+	__u32 backend_id;
+	__u32 service_id;
+	__u8 state;         /* enum lb_ct_state */
+	__u8 pad[7];
+};
+
+struct lb_aff_key {
+	__u32 service_id;
+	__u8 family;
+	__u8 pad[3];
+	__u8 addr[16];
+};
+
+struct lb_aff {
+	__u64 last_seen_ns;
+	__u32 backend_id;
+	__u32 pad;
+};
+
+/* LPM key: prefixlen counts service_id (32), family+pad (32), then address bits. */
+struct lb_src_key {
+	__u32 prefixlen;
+	__u32 service_id;
+	__u8 family;
+	__u8 pad[3];
+	__u8 addr[16];
+};
+
+struct lb_counter {
+	__u64 packets;
+	__u64 bytes;
+	__u64 new_flows;
+};
+
+struct lb_config {
+	__u32 hash_seed;
+	__u32 vni;
+	__u8 src4[4];  /* outer IPv4 source; zero: ask the FIB */
+	__u8 src6[16]; /* outer IPv6 source; zero: ask the FIB */
+	__u32 tcp_syn_timeout;   /* seconds */
+	__u32 tcp_est_timeout;
+	__u32 tcp_close_timeout;
+	__u32 udp_timeout;
+	__u32 route_gen; /* bumped to invalidate every cached FIB result */
+};
+
+/* Metadata (data_meta) asking for a side-effect-free run: no conntrack,
+ * affinity or counter writes. The Go package's Trace puts it in front of a
+ * BPF_PROG_TEST_RUN frame; drivers leave data_meta empty. */
+#define LB_TRACE_MAGIC 0x6c626474 /* "lbdt" */
+struct lb_trace_meta {
+	__u32 magic;
+	__u32 pad;
+};
+
+#endif
