@@ -202,33 +202,7 @@ func (d *Datapath) Services() (map[ServiceKey]Service, error) {
 // is the table size M). The table is built aside and swapped in with one map
 // update: a packet sees either the old table or the new one, never a mix.
 func (d *Datapath) SetMaglevTable(serviceID uint32, table []uint32) error {
-	if serviceID >= d.opts.MaxServices {
-		return fmt.Errorf("set maglev table: service ID %d: %w", serviceID, ErrRange)
-	}
-	if len(table) == 0 || len(table) > MaxTableSize {
-		return fmt.Errorf("set maglev table: size %d: %w", len(table), ErrRange)
-	}
-	spec := d.maglevInner.Copy()
-	spec.MaxEntries = uint32(len(table)) + 1
-	inner, err := ebpf.NewMap(spec)
-	if err != nil {
-		return fmt.Errorf("set maglev table: create table: %w", err)
-	}
-	defer inner.Close()
-	keys := make([]uint32, len(table)+1)
-	vals := make([]uint32, len(table)+1)
-	for i := range keys {
-		keys[i] = uint32(i)
-	}
-	vals[0] = uint32(len(table))
-	copy(vals[1:], table)
-	if _, err := inner.BatchUpdate(keys, vals, nil); err != nil {
-		return fmt.Errorf("set maglev table: fill table: %w", err)
-	}
-	if err := d.objs.LbMaglev.Update(serviceID, inner, ebpf.UpdateAny); err != nil {
-		return fmt.Errorf("set maglev table: swap table: %w", err)
-	}
-	return nil
+	return d.SetMaglevTables(map[uint32][]uint32{serviceID: table})
 }
 
 // MaglevTable returns the table the datapath uses for a service, nil if none.

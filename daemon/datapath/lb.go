@@ -120,9 +120,25 @@ func (m *Manager) Upsert(_ context.Context, svc *lbdv1.Service) (map[uint32]uint
 // packet see a table entry without its backend or a service without its table.
 func (m *Manager) write(old, want *programmed) error {
 	if old == nil {
-		old = &programmed{backends: map[uint32]lbxdp.Backend{}}
+		old = &programmed{}
 	}
-	id := want.svc.ID
+	if err := m.writeBefore(old, want); err != nil {
+		return err
+	}
+	if !slices.Equal(old.table, want.table) {
+		if want.table == nil {
+			if err := m.lb.DeleteMaglevTable(want.svc.ID); err != nil {
+				return err
+			}
+		} else if err := m.lb.SetMaglevTable(want.svc.ID, want.table); err != nil {
+			return err
+		}
+	}
+	return m.writeAfter(old, want)
+}
+
+// writeBefore adds what the new table may refer to: backends and source ranges.
+func (m *Manager) writeBefore(old, want *programmed) error {
 	for bid, b := range want.backends {
 		if ob, ok := old.backends[bid]; ok && ob == b {
 			continue
@@ -136,20 +152,17 @@ func (m *Manager) write(old, want *programmed) error {
 	}
 	for _, r := range want.ranges {
 		if !slices.Contains(old.ranges, r) {
-			if err := m.lb.AddSourceRange(id, r); err != nil {
+			if err := m.lb.AddSourceRange(want.svc.ID, r); err != nil {
 				return err
 			}
 		}
 	}
-	if !slices.Equal(old.table, want.table) {
-		if want.table == nil {
-			if err := m.lb.DeleteMaglevTable(id); err != nil {
-				return err
-			}
-		} else if err := m.lb.SetMaglevTable(id, want.table); err != nil {
-			return err
-		}
-	}
+	return nil
+}
+
+// writeAfter switches the service entry and removes what the old table referred to.
+func (m *Manager) writeAfter(old, want *programmed) error {
+	id := want.svc.ID
 	if old.key != want.key || old.svc != want.svc {
 		if err := m.lb.UpsertService(want.key, want.svc); err != nil {
 			return err
@@ -251,17 +264,47 @@ func (m *Manager) Sync(_ context.Context, svcs []*lbdv1.Service) (map[string]map
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	start := time.Now()
+	// Three phases so that all table swaps go to the kernel in one batch (one RCU grace
+	// period instead of one per service): what tables refer to, the tables, the rest.
 	keep := map[uint32]bool{}
+	wants := make([]*programmed, 0, len(svcs))
+	swaps := map[uint32][]uint32{}
 	for _, svc := range svcs {
 		want, err := desired(svc)
 		if err != nil {
 			return nil, err
 		}
-		if err := m.write(m.programmed[svc.Id], want); err != nil {
+		old := m.programmed[svc.Id]
+		if old == nil {
+			old = &programmed{}
+		}
+		if err := m.writeBefore(old, want); err != nil {
 			return nil, fmt.Errorf("sync service %s: %w", svc.Name, err)
 		}
+		if !slices.Equal(old.table, want.table) {
+			if want.table == nil {
+				if err := m.lb.DeleteMaglevTable(svc.Id); err != nil {
+					return nil, fmt.Errorf("sync service %s: %w", svc.Name, err)
+				}
+			} else {
+				swaps[svc.Id] = want.table
+			}
+		}
+		wants = append(wants, want)
 		keep[svc.Id] = true
 		out[svc.Name] = slots(want.table)
+	}
+	if err := m.lb.SetMaglevTables(swaps); err != nil {
+		return nil, err
+	}
+	for _, want := range wants {
+		old := m.programmed[want.svc.ID]
+		if old == nil {
+			old = &programmed{}
+		}
+		if err := m.writeAfter(old, want); err != nil {
+			return nil, fmt.Errorf("sync service %s: %w", want.name, err)
+		}
 	}
 	for id := range m.programmed {
 		if !keep[id] {
