@@ -27,6 +27,7 @@ import (
 	"github.com/lbd-dev/lbd/daemon/config"
 	"github.com/lbd-dev/lbd/daemon/datapath"
 	"github.com/lbd-dev/lbd/daemon/gc"
+	"github.com/lbd-dev/lbd/daemon/healthsync"
 	"github.com/lbd-dev/lbd/daemon/metrics"
 	"github.com/lbd-dev/lbd/daemon/reconcile"
 	"github.com/lbd-dev/lbd/daemon/store"
@@ -232,11 +233,11 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 
 	var mgr *datapath.Manager
 	var apiDP api.Datapath
+	dcfg, err := datapathConfig(cfg)
+	if err != nil {
+		return err
+	}
 	if len(cfg.Roles) > 0 {
-		dcfg, err := datapathConfig(cfg)
-		if err != nil {
-			return err
-		}
 		if mgr, err = datapath.Open(dcfg, log.Named("datapath")); err != nil {
 			return fmt.Errorf("open datapath: %w", err)
 		}
@@ -277,6 +278,15 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 			defer workers.Done()
 			mgr.RunGC(ctx, met.ObserveGC)
 		}()
+		// LB nodes probe backends; every LB node probes for itself and, seeing the same
+		// backends, converges on the same tables.
+		if dcfg.LB {
+			workers.Add(1)
+			go func() {
+				defer workers.Done()
+				healthsync.Run(ctx, st, healthsync.Options{Logger: log.Named("health")})
+			}()
+		}
 	}
 
 	var opts []grpc.ServerOption

@@ -147,9 +147,13 @@ func (s *Store) SetBackendHealth(name string, backendID uint32, h *lbdv1.Backend
 		return notFound("service %q not found", name)
 	}
 	rt := s.runtime(name)
+	before := rt.health[backendID]
 	rt.health[backendID] = proto.Clone(h).(*lbdv1.BackendHealth)
 	rt.updated = time.Now()
-	ev := Event{Type: Modified, Name: name, Service: s.withStatus(svc)}
+	// UNKNOWN→UP (every backend's first passing probe) changes no table: only a change
+	// of usability needs the reconciler.
+	down := func(h *lbdv1.BackendHealth) bool { return h.GetState() == lbdv1.HealthState_HEALTH_STATE_DOWN }
+	ev := Event{Type: Modified, Name: name, Service: s.withStatus(svc), StatusOnly: down(before) == down(h)}
 	s.mu.Unlock()
 	s.notify([]Event{ev})
 	return nil

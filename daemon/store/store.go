@@ -333,6 +333,16 @@ func (t *txn) commit() error {
 			delete(s.status, ev.Name)
 			continue
 		}
+		// Output-only data of backends that left the service must not pass to a new
+		// backend that reuses the ID.
+		if rt := s.status[ev.Name]; rt != nil {
+			live := make(map[uint32]bool, len(ev.Service.Backends))
+			for _, b := range ev.Service.Backends {
+				live[b.Id] = true
+			}
+			maps.DeleteFunc(rt.health, func(id uint32, _ *lbdv1.BackendHealth) bool { return !live[id] })
+			maps.DeleteFunc(rt.tableSlots, func(id uint32, _ uint32) bool { return !live[id] })
+		}
 		t.events[i].Service = s.withStatus(ev.Service)
 	}
 	s.mu.Unlock()

@@ -3,8 +3,10 @@ package store
 import (
 	"fmt"
 	"net/netip"
+	"net/url"
 	"regexp"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/lbd-dev/lbd/daemon/maglev"
@@ -298,8 +300,12 @@ func normalizeHealthCheck(s *lbdv1.Service) *Error {
 		if hc.Path == "" {
 			hc.Path = "/"
 		}
-		if hc.Path[0] != '/' || len(hc.Path) > 1024 {
-			return invalid("service.health_check.path", "%q must start with / and be at most 1024 characters", hc.Path)
+		if u, err := url.ParseRequestURI(hc.Path); err != nil || hc.Path[0] != '/' || len(hc.Path) > 1024 || u.Host != "" ||
+			strings.ContainsFunc(hc.Path, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
+			return invalid("service.health_check.path", "%q must be a URL path starting with /, without spaces, at most 1024 characters", hc.Path)
+		}
+		if strings.ContainsFunc(hc.Host, func(r rune) bool { return r <= ' ' || r == '/' || r == 0x7f }) || len(hc.Host) > 255 {
+			return invalid("service.health_check.host", "%q must be a host name or host:port", hc.Host)
 		}
 		if hc.ExpectedStatusMin == 0 && hc.ExpectedStatusMax == 0 {
 			hc.ExpectedStatusMin, hc.ExpectedStatusMax = defaultStatusMin, defaultStatusMax
