@@ -252,6 +252,7 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 	} else {
 		met = metrics.New(nil, nil)
 	}
+	met.AddStatus(func() []*lbdv1.Service { return st.ListServices("") })
 	if cfg.MetricsListen != "" {
 		go func() {
 			if err := met.Serve(ctx, cfg.MetricsListen, log.Named("metrics")); err != nil {
