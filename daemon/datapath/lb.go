@@ -20,7 +20,7 @@ import (
 // services against it so that only the difference is written.
 type programmed struct {
 	name     string
-	key      lbxdpKey
+	key      lbxdp.ServiceKey
 	svc      lbxdp.Service
 	backends map[uint32]lbxdp.Backend
 	// keys of backends, for naming them in traces and stats.
@@ -28,8 +28,6 @@ type programmed struct {
 	table       []uint32
 	ranges      []netip.Prefix
 }
-
-type lbxdpKey = lbxdp.ServiceKey
 
 // desired computes what the maps should hold for svc, and its Maglev table.
 func desired(svc *lbdv1.Service) (*programmed, error) {
