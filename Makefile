@@ -46,9 +46,9 @@ lint: ## gofmt, go vet, staticcheck, buf lint and buf breaking against main
 
 # GoBGP races with itself when two speakers share a process (its tests start two), so
 # the BGP packages run without the race detector.
-NORACE_PKGS := ./daemon/bgp/...
+NORACE_PKGS := ./daemon/bgp/... ./daemon/advertise/...
 test: ## unit, BPF and in-process tests (privileged ones skip unless root)
-	go test -race -count=1 $$(go list ./... | grep -v -e /daemon/bgp -e /integration)
+	go test -race -count=1 $$(go list ./... | grep -v -e /daemon/bgp -e /daemon/advertise -e /integration)
 	go test -count=1 $(NORACE_PKGS)
 
 integration: build ## end-to-end tests in network namespaces (root)

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/lbd-dev/lbd/daemon/advertise"
 	"github.com/lbd-dev/lbd/daemon/store"
 	"sigs.k8s.io/yaml"
 )
@@ -30,6 +31,8 @@ type Config struct {
 	Datapath Datapath     `json:"datapath"`
 	// MetricsListen is the host:port of the Prometheus /metrics listener; empty disables it.
 	MetricsListen string `json:"metrics_listen"`
+	// BGP configures the embedded BGP speaker; absent, this node advertises nothing.
+	BGP *advertise.Config `json:"bgp,omitempty"`
 }
 
 // Datapath configures the BPF programs of the roles.
@@ -189,6 +192,14 @@ func (c Config) Validate() error {
 	if c.MetricsListen != "" {
 		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
 			errs = append(errs, fmt.Errorf("metrics_listen: %q is not host:port", c.MetricsListen))
+		}
+	}
+	if c.BGP != nil {
+		if err := c.BGP.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+		if !slices.Contains(c.Roles, RoleLB) {
+			errs = append(errs, errors.New("bgp: only an LB node (role lb) advertises VIPs"))
 		}
 	}
 	errs = append(errs, c.Datapath.validate(len(c.Roles) > 0, slices.Contains(c.Roles, RoleBackend))...)

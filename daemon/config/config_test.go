@@ -231,3 +231,21 @@ func TestValidate(t *testing.T) {
 		})
 	}
 }
+
+// TestLBNodeExampleLoads checks the bare-metal LB node example, BGP section included.
+func TestLBNodeExampleLoads(t *testing.T) {
+	c, err := config.Load("../../examples/lbd-lb-node.yaml")
+	if err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	if c.BGP == nil || len(c.BGP.Peers) != 2 || len(c.Datapath.Interfaces) != 1 {
+		t.Errorf("example not read as written: %+v", c)
+	}
+}
+
+func TestBGPNeedsLBRole(t *testing.T) {
+	path := writeConfig(t, "bgp:\n  router_id: 198.18.0.11\n  local_as: 65010\n")
+	if _, err := config.Load(path); err == nil || !strings.Contains(err.Error(), "bgp") {
+		t.Errorf("BGP on a node without the LB role: %v", err)
+	}
+}

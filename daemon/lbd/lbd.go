@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/lbd-dev/lbd/daemon/advertise"
 	"github.com/lbd-dev/lbd/daemon/api"
 	"github.com/lbd-dev/lbd/daemon/config"
 	"github.com/lbd-dev/lbd/daemon/datapath"
@@ -237,6 +238,10 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 	if err != nil {
 		return err
 	}
+	// Pinned links left by an earlier daemon mean this start is a restart: BGP then asks
+	// its graceful-restart peers to keep our routes until we re-announce them.
+	_, statErr := os.Stat(filepath.Join(cfg.Datapath.BPFFSDir, "links"))
+	restarting := statErr == nil && len(cfg.Roles) > 0
 	if len(cfg.Roles) > 0 {
 		if mgr, err = datapath.Open(dcfg, log.Named("datapath")); err != nil {
 			return fmt.Errorf("open datapath: %w", err)
@@ -260,6 +265,18 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 			}
 		}()
 	}
+	var adv *advertise.Controller
+	defer func() {
+		// A plain stop leaves graceful-restart sessions to the process exit (package
+		// advertise); a detached node stops advertising for good.
+		if adv != nil && (mgr == nil || !mgr.Attached()) {
+			wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer wcancel()
+			if err := adv.Withdraw(wctx); err != nil {
+				log.Error("withdraw BGP routes", "op", "bgp", "error", err)
+			}
+		}
+	}()
 	// Workers stop before the datapath handles close (defers run last-in first-out).
 	ctx, cancel := context.WithCancel(ctx)
 	var workers sync.WaitGroup
@@ -290,6 +307,23 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 		}
 	}
 
+	var apiBGP api.BGP
+	if cfg.BGP != nil {
+		attached := func() bool { return mgr != nil && mgr.Attached() }
+		if adv, err = advertise.New(*cfg.BGP, st, attached, restarting, log.Named("bgp")); err != nil {
+			return fmt.Errorf("bgp: %w", err)
+		}
+		apiBGP = adv // only when non-nil: a nil *Controller in the interface is not nil
+		met.AddBGP(adv.Metrics)
+		workers.Add(1)
+		go func() {
+			defer workers.Done()
+			if err := adv.Run(ctx); err != nil {
+				log.Error("BGP advertisement stopped", "op", "bgp", "error", err)
+			}
+		}()
+	}
+
 	var opts []grpc.ServerOption
 	var tcpLn net.Listener
 	if cfg.API.TCP.Listen != "" {
@@ -302,7 +336,7 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 		}
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
 	}
-	apiSrv := api.New(api.Options{Store: st, Logger: log.Named("api"), Version: Version, Roles: cfg.Roles, Datapath: apiDP})
+	apiSrv := api.New(api.Options{Store: st, Logger: log.Named("api"), Version: Version, Roles: cfg.Roles, Datapath: apiDP, BGP: apiBGP})
 	opts = append(opts, grpc.ChainStreamInterceptor(apiSrv.StreamInterceptor))
 	// The Unix socket needs no TLS: its 0600 mode restricts it to the daemon's user.
 	unixSrv := grpc.NewServer(grpc.ChainStreamInterceptor(apiSrv.StreamInterceptor))
