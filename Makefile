@@ -9,7 +9,7 @@ BENCHSTAT := go run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6
 VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -X github.com/lbd-dev/lbd/daemon/lbd.Version=$(VERSION) -X github.com/lbd-dev/lbd/lbctl.Version=$(VERSION)
 DEBIAN_PACKAGES := clang llvm libbpf-dev bpftool iproute2 ethtool tshark tcpdump bird2 frr \
-	iperf3 netcat-openbsd iputils-ping curl git make
+	iperf3 netcat-openbsd iputils-ping curl git make python3
 
 .PHONY: help deps build generate check-generated test integration bench demo demo-down lint check clean
 
@@ -52,19 +52,19 @@ test: ## unit, BPF and in-process tests (privileged ones skip unless root)
 	go test -count=1 $(NORACE_PKGS)
 
 integration: build ## end-to-end tests in network namespaces (root)
-	go test -count=1 -v ./integration/...
+	LBD_BIN_DIR=$(CURDIR)/bin go test -count=1 -v -timeout 20m ./integration/...
 
 bench: ## benchmarks, 5 runs each, summarized by benchstat
 	go test -run '^$$' -bench . -benchmem -count 5 -timeout 60m ./... | tee bench.txt
 	$(BENCHSTAT) bench.txt
 
-check: deps check-generated lint test ## everything CI runs: the README's test command
+check: deps check-generated lint test integration ## everything CI runs: the README's test command
 
-demo: deps build ## install what is needed, start lbd, program a service with lbctl and show it
-	./examples/demo.sh up
+demo: deps build ## install what is needed; build; LB and backend nodes in namespaces with traffic
+	./examples/demo-netns.sh up
 
 demo-down: ## stop the demo and remove what it created
-	./examples/demo.sh down
+	./examples/demo-netns.sh down
 
 clean: ## remove build output
 	rm -rf bin bench.txt

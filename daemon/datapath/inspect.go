@@ -97,7 +97,7 @@ func (m *Manager) TraceFlow(_ context.Context, r *lbdv1.TraceFlowRequest) (*lbdv
 	}
 	switch {
 	case forwarded && hadCT && ct.BackendID == bid:
-		resp.Reason = fmt.Sprintf("established flow: its conntrack entry (state %s) keeps it on this backend", ct.State)
+		resp.Reason = fmt.Sprintf("existing flow: its conntrack entry (state %s) keeps it on this backend", ct.State)
 	case forwarded && svc.svc.AffinityTimeout > 0:
 		resp.Reason = fmt.Sprintf("new flow: session affinity or the Maglev table (size %d) chose this backend", len(svc.table))
 	case forwarded:
