@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 func (a *app) bgpCommand() *cobra.Command {
 	return group("bgp", "Show and manage the BGP peers that VIPs are advertised to",
 		a.bgpPeersCommand(),
+		a.bgpRoutesCommand(),
 		group("peer", "Add and delete BGP peers",
 			a.bgpPeerAddCommand(),
 			a.bgpPeerDeleteCommand(),
@@ -41,6 +43,44 @@ func (a *app) bgpPeersCommand() *cobra.Command {
 			}
 			sortPeers(resp.Peers)
 			return a.print(resp, func(w io.Writer) { a.writePeerTable(w, resp.Peers) })
+		}),
+	}
+}
+
+func (a *app) bgpRoutesCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "routes",
+		Short: "List the VIP routes this node advertises, sorted by prefix",
+		Args:  exactArgs(),
+		RunE: a.run(func(ctx context.Context, _ *cobra.Command, _ []string) error {
+			bc, err := a.bgp()
+			if err != nil {
+				return err
+			}
+			resp, err := bc.ListBgpRoutes(ctx, &lbdv1.ListBgpRoutesRequest{})
+			if err != nil {
+				return err
+			}
+			slices.SortFunc(resp.Routes, func(x, y *lbdv1.BgpRoute) int {
+				px, ex := netip.ParsePrefix(x.Prefix)
+				py, ey := netip.ParsePrefix(y.Prefix)
+				if ex != nil || ey != nil {
+					return strings.Compare(x.Prefix, y.Prefix)
+				}
+				if c := px.Addr().Compare(py.Addr()); c != 0 {
+					return c
+				}
+				return px.Bits() - py.Bits()
+			})
+			return a.print(resp, func(w io.Writer) {
+				t := newTable(w)
+				row(t, "PREFIX", "NEXT HOP", "COMMUNITIES", "LARGE COMMUNITIES", "MED", "SERVICES")
+				for _, r := range resp.Routes {
+					row(t, r.Prefix, dash(r.NextHop), dash(strings.Join(r.Communities, " ")),
+						dash(strings.Join(r.LargeCommunities, " ")), r.Med, dash(r.ServiceName))
+				}
+				t.Flush()
+			})
 		}),
 	}
 }

@@ -33,6 +33,12 @@ func StartServer(t testing.TB, lim store.Limits) *Server {
 // StartWithDatapath is StartServer with a datapath behind the inspection RPCs (trace,
 // connections, stats, detach); tests of clients pass a fake one.
 func StartWithDatapath(t testing.TB, lim store.Limits, dp api.Datapath) *Server {
+	return StartWithOptions(t, lim, api.Options{Datapath: dp})
+}
+
+// StartWithOptions serves the API with opts (datapath, BGP); the store, logger and
+// version are set here.
+func StartWithOptions(t testing.TB, lim store.Limits, opts api.Options) *Server {
 	t.Helper()
 	// Unix socket paths are limited to 108 bytes; t.TempDir can be longer.
 	dir, err := os.MkdirTemp("", "lbd-apitest-")
@@ -50,7 +56,8 @@ func StartWithDatapath(t testing.TB, lim store.Limits, dp api.Datapath) *Server 
 		t.Fatalf("listen: %v", err)
 	}
 	g := grpc.NewServer()
-	api.New(api.Options{Store: st, Version: "test", Datapath: dp}).Register(g)
+	opts.Store, opts.Version = st, "test"
+	api.New(opts).Register(g)
 	go func() { _ = g.Serve(ln) }() // returns when Stop is called below
 	t.Cleanup(func() {
 		g.Stop()
