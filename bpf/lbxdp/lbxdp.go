@@ -31,11 +31,32 @@
 //     neighbour change at once. Only locked route MTUs ("mtu lock") are seen
 //     by the FIB helper; otherwise the device MTU applies.
 //
+// # Fast paths
+//
+// Most packets are either not for a VIP or belong to an established flow;
+// the program spends as few map lookups on them as it can, with the same
+// outcome as the full path:
+//   - A bitmap of destination-address buckets (lb_vip_filter, 65536 buckets)
+//     passes most traffic for other addresses without a hash lookup; an
+//     address in a VIP's bucket is confirmed in lb_vips before anything is
+//     dropped or answered for it.
+//   - Conntrack is looked up first. When the entry's service (by ID, from
+//     lb_svc_by_id) still has exactly the packet's destination as key, the
+//     lb_vips and lb_services lookups are skipped; flows of wildcard-port
+//     services, and entries whose service was deleted, re-keyed or replaced,
+//     take the full path. The entry also keeps the flow hash (outer source
+//     port), refreshed with the timestamps.
+//
+// Both indexes are written by UpsertService and DeleteService and rebuilt at
+// Load; one Datapath must be the only writer of a set of maps (the filter's
+// per-bucket counts live in memory).
+//
 // # Conntrack lifetimes
 //
 // Timestamps in conntrack and affinity entries are CLOCK_MONOTONIC_COARSE
 // nanoseconds (bpf_ktime_get_coarse_ns: CLOCK_MONOTONIC as of the last tick,
-// a few milliseconds behind at most), comparable with MonotonicNow. A conntrack
+// a few milliseconds behind at most; read once per jiffy and CPU), comparable
+// with MonotonicNow. A conntrack
 // entry stores when it was created, when it was last refreshed (at most once
 // per second per flow, to keep established flows cheap) and ExpiresAt =
 // LastSeen + the timeout of its state: TCP SYN seen, established, closing (FIN
@@ -105,10 +126,13 @@ func (o *Options) setDefaults() {
 }
 
 // Datapath is a loaded instance of the XDP program and its maps.
+//
+// Its methods are not safe for concurrent use.
 type Datapath struct {
 	objs        lbxdpObjects
 	opts        Options
 	maglevInner *ebpf.MapSpec
+	filter      vipFilter
 }
 
 // Load loads the program and creates (or, with PinPath, adopts) its maps. A
@@ -125,6 +149,10 @@ func Load(opts Options) (*Datapath, error) {
 	})
 	if err != nil {
 		return nil, fmt.Errorf("load lbxdp objects: %w", err)
+	}
+	if err := d.rebuildIndexes(); err != nil {
+		d.Close()
+		return nil, err
 	}
 	cfg, err := d.Config()
 	if err != nil {

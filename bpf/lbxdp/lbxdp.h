@@ -97,7 +97,32 @@ struct lb_ct {
 	__u32 backend_id;
 	__u32 service_id;
 	__u8 state;         /* enum lb_ct_state */
-	__u8 pad[7];
+	__u8 pad[3];
+	/* The flow hash, so that packets of the flow need not compute it; written
+	 * with each refresh (a new seed applies within LB_CT_REFRESH_NS). 0: not
+	 * known (an entry restored from user space), computed per packet. */
+	__u32 hash;
+};
+
+/* lb_svc_by_id: every service by ID, with its key. A packet whose conntrack
+ * entry names a service that still has exactly the packet's destination as
+ * key (port included: wildcard services are not in the shortcut) needs no
+ * lb_vips and lb_services lookups. family 0: no service has this ID. */
+struct lb_svc_entry {
+	struct lb_service_key key;
+	struct lb_service svc;
+};
+
+/* lb_vip_filter: one bit per bucket of destination addresses, set when a VIP
+ * address falls in the bucket (lb_vip_bucket). A clear bit proves that a
+ * packet is not for a VIP without a hash map lookup; a set bit is confirmed
+ * by lb_vips. The control plane sets a bit before adding the VIP and clears
+ * it after removing it. */
+#define LB_VIP_FILTER_ORDER 16
+#define LB_VIP_FILTER_BYTES (1 << (LB_VIP_FILTER_ORDER - 3))
+#define LB_VIP_FILTER_MUL 0x9e3779b1U
+struct lb_vip_bitmap {
+	__u8 bits[LB_VIP_FILTER_BYTES];
 };
 
 struct lb_aff_key {

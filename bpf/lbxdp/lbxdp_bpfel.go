@@ -37,6 +37,12 @@ type lbxdpLbBackend struct {
 	NodeFamily uint8
 }
 
+type lbxdpLbClock struct {
+	_       structs.HostLayout
+	Jiffies uint64
+	Ns      uint64
+}
+
 type lbxdpLbConfig struct {
 	_               structs.HostLayout
 	HashSeed        uint32
@@ -65,7 +71,8 @@ type lbxdpLbCt struct {
 	BackendId  uint32
 	ServiceId  uint32
 	State      uint8
-	Pad        [7]uint8
+	Pad        [3]uint8
+	Hash       uint32
 }
 
 type lbxdpLbCtKey struct {
@@ -118,11 +125,22 @@ type lbxdpLbSrcKey struct {
 	Addr      [16]uint8
 }
 
+type lbxdpLbSvcEntry struct {
+	_   structs.HostLayout
+	Key lbxdpLbServiceKey
+	Svc lbxdpLbService
+}
+
 type lbxdpLbVip struct {
 	_        structs.HostLayout
 	Services uint32
 	WildTcp  uint16
 	WildUdp  uint16
+}
+
+type lbxdpLbVipBitmap struct {
+	_    structs.HostLayout
+	Bits [8192]uint8
 }
 
 type lbxdpLbVipKey struct {
@@ -140,13 +158,16 @@ const (
 	lbxdpMapLbBackends  = "lb_backends"
 	lbxdpMapLbBeStats   = "lb_be_stats"
 	lbxdpMapLbCfg       = "lb_cfg"
+	lbxdpMapLbClock     = "lb_clock"
 	lbxdpMapLbConntrack = "lb_conntrack"
 	lbxdpMapLbDropStats = "lb_drop_stats"
 	lbxdpMapLbFibCache  = "lb_fib_cache"
 	lbxdpMapLbMaglev    = "lb_maglev"
 	lbxdpMapLbServices  = "lb_services"
 	lbxdpMapLbSrcRanges = "lb_src_ranges"
+	lbxdpMapLbSvcById   = "lb_svc_by_id"
 	lbxdpMapLbSvcStats  = "lb_svc_stats"
+	lbxdpMapLbVipFilter = "lb_vip_filter"
 	lbxdpMapLbVips      = "lb_vips"
 	lbxdpProgLbXdp      = "lb_xdp"
 )
@@ -204,13 +225,16 @@ type lbxdpMapSpecs struct {
 	LbBackends  *ebpf.MapSpec `ebpf:"lb_backends"`
 	LbBeStats   *ebpf.MapSpec `ebpf:"lb_be_stats"`
 	LbCfg       *ebpf.MapSpec `ebpf:"lb_cfg"`
+	LbClock     *ebpf.MapSpec `ebpf:"lb_clock"`
 	LbConntrack *ebpf.MapSpec `ebpf:"lb_conntrack"`
 	LbDropStats *ebpf.MapSpec `ebpf:"lb_drop_stats"`
 	LbFibCache  *ebpf.MapSpec `ebpf:"lb_fib_cache"`
 	LbMaglev    *ebpf.MapSpec `ebpf:"lb_maglev"`
 	LbServices  *ebpf.MapSpec `ebpf:"lb_services"`
 	LbSrcRanges *ebpf.MapSpec `ebpf:"lb_src_ranges"`
+	LbSvcById   *ebpf.MapSpec `ebpf:"lb_svc_by_id"`
 	LbSvcStats  *ebpf.MapSpec `ebpf:"lb_svc_stats"`
+	LbVipFilter *ebpf.MapSpec `ebpf:"lb_vip_filter"`
 	LbVips      *ebpf.MapSpec `ebpf:"lb_vips"`
 }
 
@@ -244,13 +268,16 @@ type lbxdpMaps struct {
 	LbBackends  *ebpf.Map `ebpf:"lb_backends"`
 	LbBeStats   *ebpf.Map `ebpf:"lb_be_stats"`
 	LbCfg       *ebpf.Map `ebpf:"lb_cfg"`
+	LbClock     *ebpf.Map `ebpf:"lb_clock"`
 	LbConntrack *ebpf.Map `ebpf:"lb_conntrack"`
 	LbDropStats *ebpf.Map `ebpf:"lb_drop_stats"`
 	LbFibCache  *ebpf.Map `ebpf:"lb_fib_cache"`
 	LbMaglev    *ebpf.Map `ebpf:"lb_maglev"`
 	LbServices  *ebpf.Map `ebpf:"lb_services"`
 	LbSrcRanges *ebpf.Map `ebpf:"lb_src_ranges"`
+	LbSvcById   *ebpf.Map `ebpf:"lb_svc_by_id"`
 	LbSvcStats  *ebpf.Map `ebpf:"lb_svc_stats"`
+	LbVipFilter *ebpf.Map `ebpf:"lb_vip_filter"`
 	LbVips      *ebpf.Map `ebpf:"lb_vips"`
 }
 
@@ -260,13 +287,16 @@ func (m *lbxdpMaps) Close() error {
 		m.LbBackends,
 		m.LbBeStats,
 		m.LbCfg,
+		m.LbClock,
 		m.LbConntrack,
 		m.LbDropStats,
 		m.LbFibCache,
 		m.LbMaglev,
 		m.LbServices,
 		m.LbSrcRanges,
+		m.LbSvcById,
 		m.LbSvcStats,
+		m.LbVipFilter,
 		m.LbVips,
 	)
 }

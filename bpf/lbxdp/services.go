@@ -129,6 +129,14 @@ func (d *Datapath) UpsertService(k ServiceKey, s Service) error {
 		}
 		return fmt.Errorf("upsert service: %w", err)
 	}
+	if exists && old.Id != rv.Id {
+		if err := d.unindexService(old.Id, rk); err != nil {
+			return fmt.Errorf("upsert service: %w", err)
+		}
+	}
+	if err := d.indexService(rk, rv); err != nil {
+		return fmt.Errorf("upsert service: %w", err)
+	}
 	return nil
 }
 
@@ -137,6 +145,15 @@ func (d *Datapath) UpsertService(k ServiceKey, s Service) error {
 func (d *Datapath) DeleteService(k ServiceKey) error {
 	rk, err := k.raw()
 	if err != nil {
+		return fmt.Errorf("delete service: %w", err)
+	}
+	var old lbxdpLbService
+	if err := d.objs.LbServices.Lookup(&rk, &old); err != nil {
+		return fmt.Errorf("delete service: %w", err)
+	}
+	// The shortcut goes first: packets then find the service by lookup
+	// until it is gone.
+	if err := d.unindexService(old.Id, rk); err != nil {
 		return fmt.Errorf("delete service: %w", err)
 	}
 	if err := d.objs.LbServices.Delete(&rk); err != nil {
@@ -149,11 +166,15 @@ func (d *Datapath) DeleteService(k ServiceKey) error {
 }
 
 // adjustVIP keeps lb_vips in step with lb_services: the number of services per
-// address and how many of them take all ports, per protocol.
+// address and how many of them take all ports, per protocol; and
+// lb_vip_filter in step with lb_vips.
 func (d *Datapath) adjustVIP(k lbxdpLbServiceKey, delta int) error {
 	vk := lbxdpLbVipKey{Addr: k.Addr, Family: k.Family}
 	var v lbxdpLbVip
-	if err := d.objs.LbVips.Lookup(&vk, &v); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+	existed := true
+	if err := d.objs.LbVips.Lookup(&vk, &v); errors.Is(err, ebpf.ErrKeyNotExist) {
+		existed = false
+	} else if err != nil {
 		return fmt.Errorf("look up vip: %w", err)
 	}
 	v.Services = uint32(int(v.Services) + delta)
@@ -168,9 +189,21 @@ func (d *Datapath) adjustVIP(k lbxdpLbServiceKey, delta int) error {
 		if err := d.objs.LbVips.Delete(&vk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("delete vip: %w", err)
 		}
+		// The filter bit goes after the address, never before.
+		if existed {
+			return d.filterVIP(vk, -1)
+		}
 		return nil
 	}
+	if !existed {
+		if err := d.filterVIP(vk, 1); err != nil {
+			return err
+		}
+	}
 	if err := d.objs.LbVips.Update(&vk, &v, ebpf.UpdateAny); err != nil {
+		if !existed {
+			_ = d.filterVIP(vk, -1)
+		}
 		return fmt.Errorf("update vip: %w", err)
 	}
 	return nil

@@ -19,6 +19,7 @@ func Spec(opts Options) (*ebpf.CollectionSpec, error) {
 	sizes := map[string]uint32{
 		"lb_vips":       opts.MaxServices,
 		"lb_services":   opts.MaxServices,
+		"lb_svc_by_id":  opts.MaxServices,
 		"lb_maglev":     opts.MaxServices,
 		"lb_svc_stats":  opts.MaxServices,
 		"lb_backends":   opts.MaxBackends,
