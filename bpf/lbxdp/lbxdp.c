@@ -70,9 +70,12 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb_vip_filter SEC(".maps");
 
-/* Per-service Maglev table, replaced as a whole by swapping the inner map.
- * Slot 0 holds the table size M, slots 1..M the backend IDs: keeping M inside
- * the table means a lookup can never pair a new size with an old table. */
+/* Per-service Maglev table. Slot 0 holds the table size M, and in its top bit which
+ * half is active; slots 1..M and M+1..2M are the two halves. The daemon changes a table
+ * by writing the inactive half and flipping the bit (no map swap, so no RCU wait in the
+ * kernel); a new service or size swaps the inner map. Keeping M inside the table means
+ * a lookup can never pair a new size with an old table. */
+#define LB_TABLE_HALF 0x80000000u
 struct lb_maglev_inner {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 2);
@@ -414,16 +417,22 @@ LBD_INLINE struct lb_backend *lb_backend_get(__u32 id)
 /* Backend ID from the service's Maglev table, 0 if the service has no table. */
 LBD_INLINE __u32 lb_maglev_pick(const struct lb_service *svc, __u32 hash)
 {
-	__u32 id = svc->id, zero = 0, idx, *size, *slot;
+	__u32 id = svc->id, zero = 0, idx, head, m, *size, *slot;
 	void *table;
 
 	table = bpf_map_lookup_elem(&lb_maglev, &id);
 	if (!table)
 		return 0;
+	/* Slot 0: the size M, and in its top bit the active half (slots 1..M or M+1..2M);
+	 * the daemon writes the other half and flips this bit to change the table. */
 	size = bpf_map_lookup_elem(table, &zero);
-	if (!size || !*size)
+	if (!size)
 		return 0;
-	idx = hash % *size + 1;
+	head = *size;
+	m = head & ~LB_TABLE_HALF;
+	if (!m)
+		return 0;
+	idx = hash % m + 1 + ((head & LB_TABLE_HALF) ? m : 0);
 	slot = bpf_map_lookup_elem(table, &idx);
 	return slot ? *slot : 0;
 }

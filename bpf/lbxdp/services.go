@@ -267,10 +267,12 @@ func (d *Datapath) MaglevTable(serviceID uint32) ([]uint32, error) {
 			return nil, fmt.Errorf("read maglev table: %w", err)
 		}
 	}
-	if got != int(n) || vals[0] != n-1 {
-		return nil, fmt.Errorf("read maglev table: read %d of %d slots, size slot %d", got, n, vals[0])
+	m := vals[0] &^ tableHalfBit
+	if got != int(n) || n != 2*m+1 {
+		return nil, fmt.Errorf("read maglev table: read %d of %d slots, size slot %#x", got, n, vals[0])
 	}
-	return vals[1:], nil
+	base := 1 + (vals[0]>>31)*m
+	return vals[base : base+m], nil
 }
 
 // DeleteMaglevTable removes a service's table: new flows then get no backend.

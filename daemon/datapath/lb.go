@@ -128,7 +128,7 @@ func (m *Manager) write(old, want *programmed) error {
 			if err := m.lb.DeleteMaglevTable(want.svc.ID); err != nil {
 				return err
 			}
-		} else if err := m.lb.SetMaglevTable(want.svc.ID, want.table); err != nil {
+		} else if err := m.lb.UpdateMaglevTable(want.svc.ID, old.table, want.table); err != nil {
 			return err
 		}
 	}
@@ -279,14 +279,19 @@ func (m *Manager) Sync(_ context.Context, svcs []*lbdv1.Service) (map[string]map
 		if err := m.writeBefore(old, want); err != nil {
 			return nil, fmt.Errorf("sync service %s: %w", svc.Name, err)
 		}
-		if !slices.Equal(old.table, want.table) {
-			if want.table == nil {
-				if err := m.lb.DeleteMaglevTable(svc.Id); err != nil {
-					return nil, fmt.Errorf("sync service %s: %w", svc.Name, err)
-				}
-			} else {
-				swaps[svc.Id] = want.table
+		switch {
+		case slices.Equal(old.table, want.table):
+		case want.table == nil:
+			if err := m.lb.DeleteMaglevTable(svc.Id); err != nil {
+				return nil, fmt.Errorf("sync service %s: %w", svc.Name, err)
 			}
+		case len(old.table) == len(want.table):
+			// Same size: rewritten in place through the inactive half, no map swap.
+			if err := m.lb.UpdateMaglevTable(svc.Id, old.table, want.table); err != nil {
+				return nil, fmt.Errorf("sync service %s: %w", svc.Name, err)
+			}
+		default:
+			swaps[svc.Id] = want.table
 		}
 		wants = append(wants, want)
 		keep[svc.Id] = true
