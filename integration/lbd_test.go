@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -38,10 +39,14 @@ type daemon struct {
 	sock          string
 	bpffs         string
 	conntrackSize int
-	proc          *proc
-	conn          *grpc.ClientConn
-	lb            lbdv1.LoadBalancerServiceClient
-	nodeAPI       lbdv1.NodeServiceClient
+	// bgp gives an LB daemon a configuration file with a BGP session to the router;
+	// gracefulRestart enables graceful restart on it.
+	bgp             bool
+	gracefulRestart bool
+	proc            *proc
+	conn            *grpc.ClientConn
+	lb              lbdv1.LoadBalancerServiceClient
+	nodeAPI         lbdv1.NodeServiceClient
 }
 
 // startLBD starts lbd on every node and creates the default services on the LB nodes:
@@ -56,7 +61,8 @@ func (tb *testbed) startLBD() {
 			role = "lb"
 		}
 		d := &daemon{tb: tb, node: n, role: role, dir: filepath.Join(tb.dir, n.name),
-			bpffs: filepath.Join(tb.bpffs, n.name), conntrackSize: tb.opts.conntrackSize}
+			bpffs: filepath.Join(tb.bpffs, n.name), conntrackSize: tb.opts.conntrackSize,
+			bgp: role == "lb" && !tb.opts.staticRoutes, gracefulRestart: !tb.opts.noGracefulRestart}
 		d.sock = filepath.Join(d.dir, "lbd.sock")
 		if err := os.MkdirAll(d.dir, 0o700); err != nil {
 			t.Fatal(err)
@@ -73,14 +79,58 @@ func (tb *testbed) startLBD() {
 	for _, s := range tb.defaultServices() {
 		tb.createService(t, s)
 	}
+	if !tb.opts.staticRoutes {
+		tb.router.waitRoutes(t)
+	}
+}
+
+// configFile is the path of an LB daemon's configuration file.
+func (d *daemon) configFile() string { return filepath.Join(d.dir, "lbd.yaml") }
+
+// writeConfig writes the configuration file of an LB daemon with BGP: the node's own
+// settings (which the file must hold to be valid on its own; the flags repeat them)
+// and one peer, the router, with the testbed's short timers.
+func (d *daemon) writeConfig(t *testing.T) {
+	t.Helper()
+	gr := "{enabled: false}"
+	if d.gracefulRestart {
+		gr = "{enabled: true, restart_time: 60s}"
+	}
+	cfg := fmt.Sprintf(`roles: [lb]
+state_dir: %s
+api: {socket: %s}
+datapath: {interfaces: [%s], bpffs_dir: %s}
+bgp:
+  router_id: %s
+  local_as: %d
+  listen_port: 0
+  next_hop_v4: %s
+  next_hop_v6: %s
+  peers:
+    - address: %s
+      as: %d
+      hold_time: %ds
+      keepalive_interval: %ds
+      connect_retry: 1s
+      graceful_restart: %s
+`, filepath.Join(d.dir, "state"), d.sock, d.node.ifc, d.bpffs,
+		d.node.addr4, lbAS, d.node.addr4, d.node.addr6,
+		routerFabric4, routerAS, int(bgpHold.Seconds()), int(bgpKeepalive.Seconds()), gr)
+	if err := os.WriteFile(d.configFile(), []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func (d *daemon) args() []string {
-	a := []string{
+	var a []string
+	if d.bgp {
+		a = append(a, "--config", d.configFile())
+	}
+	a = append(a,
 		"--role", d.role, "--interface", d.node.ifc, "--bpffs-dir", d.bpffs,
 		"--state-dir", filepath.Join(d.dir, "state"), "--socket", d.sock,
 		"--metrics-listen", metricsAddr,
-	}
+	)
 	if d.role == "lb" {
 		a = append(a, "--hash-seed", hashSeed)
 		if d.conntrackSize > 0 {
@@ -95,6 +145,9 @@ func (d *daemon) args() []string {
 // start runs lbd and waits until its API answers with the datapath attached.
 func (d *daemon) start(t *testing.T) {
 	t.Helper()
+	if d.bgp {
+		d.writeConfig(t)
+	}
 	d.proc = d.tb.spawn("lbd-"+d.node.name, d.node.ns, nil, append([]string{d.tb.lbdBin}, d.args()...)...)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -119,6 +172,19 @@ func (d *daemon) start(t *testing.T) {
 
 // crash kills lbd with SIGKILL: no shutdown code runs, the datapath stays pinned.
 func (d *daemon) crash() { d.proc.kill() }
+
+// stop sends lbd SIGTERM, a plain stop, and waits for it to exit.
+func (d *daemon) stop(t *testing.T) {
+	t.Helper()
+	if err := d.proc.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatalf("SIGTERM lbd on %s: %v", d.node.name, err)
+	}
+	select {
+	case <-d.proc.exited:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("lbd on %s still runs 20s after SIGTERM:\n%s", d.node.name, tail(d.proc.log, 40))
+	}
+}
 
 // lbctl runs lbctl against one daemon and returns its output.
 func (d *daemon) lbctl(t *testing.T, args ...string) string {

@@ -17,10 +17,13 @@ import (
 // nsenter, which only switches the network namespace (unlike `ip netns exec`, which
 // remounts /sys and hides the bpffs), and stopped by its PID.
 type proc struct {
-	name   string
-	cmd    *exec.Cmd
-	log    string
-	exited chan struct{}
+	name string
+	cmd  *exec.Cmd
+	log  string
+	// logFrom is the size of the log when this process started: a restarted process
+	// appends to the log of the earlier one.
+	logFrom int64
+	exited  chan struct{}
 }
 
 // spawn starts argv in namespace ns with output appended to <dir>/<name>.log. The
@@ -35,6 +38,9 @@ func (tb *testbed) spawn(name, ns string, env []string, argv ...string) *proc {
 		t.Fatal(err)
 	}
 	defer f.Close()
+	if st, err := f.Stat(); err == nil {
+		p.logFrom = st.Size()
+	}
 	fmt.Fprintf(f, "=== %s: %s\n", time.Now().Format(time.TimeOnly), strings.Join(argv, " "))
 	p.cmd = exec.Command("nsenter", append([]string{"--net=/run/netns/" + ns, "--"}, argv...)...)
 	p.cmd.Env = append(os.Environ(), env...)
@@ -77,13 +83,14 @@ func (p *proc) kill() {
 	}
 }
 
-// waitLog waits until the process's log holds want, failing if it exits first.
+// waitLog waits until the process's own part of the log holds want, failing if it
+// exits first.
 func (p *proc) waitLog(t *testing.T, want string, timeout time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
 		b, _ := os.ReadFile(p.log)
-		if strings.Contains(string(b), want) {
+		if int64(len(b)) >= p.logFrom && strings.Contains(string(b[p.logFrom:]), want) {
 			return
 		}
 		if !p.running() {
@@ -110,12 +117,13 @@ func tail(path string, n int) string {
 }
 
 // startServers runs the HTTP, TCP echo and UDP echo servers of a backend node: the
-// test binary itself, in server mode.
+// test binary itself, in server mode. A test may kill them (be.servers) and call
+// startServers again.
 func (tb *testbed) startServers(be *node) {
 	self, err := os.Executable()
 	if err != nil {
 		tb.t.Fatal(err)
 	}
-	p := tb.spawn("servers-"+be.name, be.ns, []string{serverEnv + "=" + be.name}, self)
-	p.waitLog(tb.t, "ready", 10*time.Second)
+	be.servers = tb.spawn("servers-"+be.name, be.ns, []string{serverEnv + "=" + be.name}, self)
+	be.servers.waitLog(tb.t, "ready", 10*time.Second)
 }

@@ -9,14 +9,14 @@ import (
 	"testing"
 )
 
-// TestTopology checks the testbed itself, without lbd: the router spreads the VIPs
-// over the LB nodes and follows changes of its next hops, the client reaches every
+// TestTopology checks the testbed itself, without lbd: the router (static routes, as
+// no lbd announces anything) spreads the VIPs over the LB nodes and follows changes of its next hops, the client reaches every
 // backend's servers through the router (IPv4 and IPv6, TCP and UDP, with the real
 // client address), and every LB node reaches every backend node over the fabric. A
 // scenario failing while this passes points at lbd, not at the harness.
 func TestTopology(t *testing.T) {
 	requireEnv(t, "ping")
-	tb := newTestbed(t, options{})
+	tb := newTestbed(t, options{staticRoutes: true})
 
 	// The router's hash spreads client ports over both LB nodes, the same way for the
 	// same flow every time.

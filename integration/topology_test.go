@@ -54,6 +54,12 @@ type options struct {
 	noAdvmss bool
 	// conntrackSize of the LB daemons; 0 keeps lbd's default.
 	conntrackSize int
+	// staticRoutes gives the router static VIP routes over every LB node instead of
+	// BGP sessions with the LB daemons: for a testbed that runs no lbd.
+	staticRoutes bool
+	// noGracefulRestart leaves graceful restart off on the LB daemons' BGP sessions:
+	// the router then drops a node's routes as soon as its session ends.
+	noGracefulRestart bool
 }
 
 // node is an LB or backend node: a namespace with one uplink into the fabric bridge.
@@ -64,6 +70,7 @@ type node struct {
 	mac          net.HardwareAddr
 	addr4, addr6 netip.Addr
 	lbd          *daemon
+	servers      *proc // a backend node's servers
 }
 
 // testbed is one topology:
@@ -71,8 +78,9 @@ type node struct {
 //	client ─ router (BIRD, ECMP over the LB nodes) ─ fabric bridge ─ LB nodes
 //	                                                              └─ backend nodes
 //
-// LB nodes send Geneve to the backend nodes over the bridge; backends answer the client
-// straight through the router.
+// The LB daemons announce their VIPs to the router over BGP. LB nodes send Geneve to
+// the backend nodes over the bridge; backends answer the client straight through the
+// router.
 type testbed struct {
 	t    *testing.T
 	opts options
@@ -101,7 +109,8 @@ func newSuffix(t *testing.T) string {
 }
 
 // newTestbed builds the network, starts the router and the backend servers. LB and
-// backend daemons are started by startLBD. Everything is removed when the test ends,
+// backend daemons are started by startLBD; with BGP, the router has no VIP route
+// before. Everything is removed when the test ends,
 // whether it passed or not: processes first (by PID), then pins, then namespaces.
 func newTestbed(t *testing.T, opts options) *testbed {
 	t.Helper()

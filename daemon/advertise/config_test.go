@@ -1,6 +1,7 @@
 package advertise
 
 import (
+	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"net/netip"
 	"slices"
 	"strings"
@@ -186,5 +187,29 @@ func TestStatusReasons(t *testing.T) {
 				t.Errorf("status = %v %q, want %v %q", adv, reason, tc.adv, tc.reason)
 			}
 		})
+	}
+}
+
+// TestJudgeWaitsForTheDatapath: a VIP is not announced before the datapath programmed
+// its service, nor when programming failed.
+func TestJudgeWaitsForTheDatapath(t *testing.T) {
+	c := &Controller{}
+	svc := func(state lbdv1.ServiceState, usable uint32) *lbdv1.Service {
+		return &lbdv1.Service{Name: "web", Vip: "203.0.113.10", Status: &lbdv1.ServiceStatus{State: state, UsableBackends: usable, Reason: "map full"}}
+	}
+	for _, tc := range []struct {
+		svc       *lbdv1.Service
+		qualifies bool
+		why       string
+	}{
+		{svc(lbdv1.ServiceState_SERVICE_STATE_PENDING, 2), false, "waiting for the datapath to program the service"},
+		{svc(lbdv1.ServiceState_SERVICE_STATE_ERROR, 2), false, "the datapath could not program the service: map full"},
+		{svc(lbdv1.ServiceState_SERVICE_STATE_READY, 2), true, ""},
+		{svc(lbdv1.ServiceState_SERVICE_STATE_NO_BACKENDS, 0), false, "no usable backend (advertise policy if-healthy)"},
+	} {
+		v := c.judge(tc.svc, true, false)
+		if v.qualifies != tc.qualifies || v.why != tc.why {
+			t.Errorf("%v: qualifies %v %q, want %v %q", tc.svc.Status.State, v.qualifies, v.why, tc.qualifies, tc.why)
+		}
 	}
 }

@@ -174,9 +174,11 @@ func (c *Controller) onEvents(evs []store.Event) {
 	changed := false
 	c.mu.Lock()
 	for _, ev := range evs {
+		// Status-only events matter too: a VIP waits until the datapath reports its
+		// service programmed. Our own SetAdvertised calls come back here as well, but
+		// the store emits them only on a change, so a pass that changes nothing ends
+		// the exchange.
 		switch {
-		case ev.StatusOnly:
-			// Our own SetAdvertised calls and the datapath's reports: no effect on routes.
 		case ev.Type == store.Node:
 			changed = true
 		case ev.Type == store.Deleted:
@@ -295,6 +297,12 @@ func (c *Controller) judge(svc *lbdv1.Service, attached, drained bool) verdict {
 		v.why = "datapath detached"
 	case drained:
 		v.why = "node is drained (lbctl node undrain)"
+	case svc.GetStatus().GetState() == lbdv1.ServiceState_SERVICE_STATE_PENDING:
+		// Announcing before the Maglev table is in place would send clients to a VIP
+		// that refuses them.
+		v.why = "waiting for the datapath to program the service"
+	case svc.GetStatus().GetState() == lbdv1.ServiceState_SERVICE_STATE_ERROR:
+		v.why = "the datapath could not program the service: " + svc.GetStatus().GetReason()
 	case svc.AdvertisePolicy != lbdv1.AdvertisePolicy_ADVERTISE_POLICY_ALWAYS && svc.GetStatus().GetUsableBackends() == 0:
 		v.why = "no usable backend (advertise policy if-healthy)"
 	default:

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/lbd-dev/lbd/daemon/reconcile"
 	"github.com/lbd-dev/lbd/daemon/store"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	api "github.com/osrg/gobgp/v3/api"
@@ -321,13 +322,25 @@ func testConfig(peers ...Peer) Config {
 	}
 }
 
+// openStore opens a store whose services a reconciler programs into a fake datapath,
+// as on an LB node: VIPs are only advertised once their service is programmed.
 func openStore(t *testing.T) *store.Store {
 	t.Helper()
 	st, err := store.Open(store.Options{Limits: store.DefaultLimits()})
 	if err != nil {
 		t.Fatalf("open store: %v", err)
 	}
-	t.Cleanup(func() { st.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = reconcile.New(st, reconcile.NewFake(), nil).Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		st.Close()
+	})
 	return st
 }
 

@@ -255,11 +255,17 @@ func peerStatus(p *api.Peer) (PeerStatus, error) {
 		if !ok {
 			continue
 		}
+		adv := af.GetState().GetAdvertised()
+		// GoBGP 3.37 counts the End-of-RIB marker it sends per family on a graceful-
+		// restart session as an advertised path; operators expect prefixes.
+		if p.GetGracefulRestart().GetEnabled() && adv > 0 {
+			adv--
+		}
 		st.Families = append(st.Families, FamilyStatus{
 			Family:     f,
 			Received:   af.GetState().GetReceived(),
 			Accepted:   af.GetState().GetAccepted(),
-			Advertised: af.GetState().GetAdvertised(),
+			Advertised: adv,
 		})
 	}
 	sort.Slice(st.Families, func(i, j int) bool { return st.Families[i].Family < st.Families[j].Family })
