@@ -11,7 +11,7 @@ LDFLAGS   := -X github.com/lbd-dev/lbd/daemon/lbd.Version=$(VERSION) -X github.c
 DEBIAN_PACKAGES := clang llvm libbpf-dev bpftool iproute2 ethtool tshark tcpdump bird2 frr \
 	iperf3 netcat-openbsd iputils-ping curl git make python3
 
-.PHONY: help deps build generate check-generated test integration bench demo demo-down lint check clean
+.PHONY: help deps build k8s-testbin generate check-generated test integration bench demo demo-down lint check clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -25,9 +25,13 @@ deps: ## install the Debian packages and Go modules the build and tests need (ro
 	else echo "deps: not root or no apt-get; skipping Debian packages (privileged tests will skip)"; fi
 	go mod download
 
-build: ## build bin/lbd and bin/lbctl
+build: ## build bin/lbd, bin/lbctl and bin/lbd-k8s-adapter
 	go build -ldflags "$(LDFLAGS)" -o bin/lbd ./cmd/lbd
 	go build -ldflags "$(LDFLAGS)" -o bin/lbctl ./cmd/lbctl
+	go build -ldflags "$(LDFLAGS)" -o bin/lbd-k8s-adapter ./cmd/lbd-k8s-adapter
+
+k8s-testbin: ## build kube-apiserver and etcd for the adapter's tests (cached in ~/.cache/lbd)
+	cmd/lbd-k8s-adapter/testbin/build.sh
 
 generate: ## regenerate protobuf and bpf2go output (committed) with the pinned toolchain
 	$(BUF) generate
@@ -58,7 +62,7 @@ bench: ## benchmarks, 5 runs each, summarized by benchstat
 	go test -run '^$$' -bench . -benchmem -count 5 -timeout 60m ./... | tee bench.txt
 	$(BENCHSTAT) bench.txt
 
-check: deps check-generated lint test integration ## everything CI runs: the README's test command
+check: deps check-generated lint k8s-testbin test integration ## everything CI runs: the README's test command
 
 demo: deps build ## install what is needed; build; LB and backend nodes in namespaces with traffic
 	./examples/demo-netns.sh up

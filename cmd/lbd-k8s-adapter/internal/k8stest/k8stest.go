@@ -1,0 +1,93 @@
+// Package k8stest starts a real kube-apiserver and etcd for the adapter's integration
+// tests, from binaries built by cmd/lbd-k8s-adapter/testbin/build.sh. It never downloads:
+// without the binaries, tests skip and name the command that builds them.
+package k8stest
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+)
+
+// Version is the Kubernetes version the tests run against; build.sh builds it.
+const Version = "v1.36.3"
+
+// BuildCommand builds the binaries into the default directory.
+const BuildCommand = "cmd/lbd-k8s-adapter/testbin/build.sh"
+
+// AssetsDir is where the binaries are looked for: $KUBEBUILDER_ASSETS, else
+// $HOME/.cache/lbd/k8s-testbin/<Version>.
+func AssetsDir() string {
+	if d := os.Getenv("KUBEBUILDER_ASSETS"); d != "" {
+		return d
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(home, ".cache", "lbd", "k8s-testbin", Version)
+}
+
+// Missing returns why the binaries cannot be used, or "" when they are there.
+func Missing() string {
+	dir := AssetsDir()
+	for _, bin := range []string{"kube-apiserver", "etcd"} {
+		if st, err := os.Stat(filepath.Join(dir, bin)); err != nil || st.Mode()&0o111 == 0 {
+			return fmt.Sprintf("no %s in %q: build the test binaries with %s (or set KUBEBUILDER_ASSETS)", bin, dir, BuildCommand)
+		}
+	}
+	return ""
+}
+
+// Cluster is a running apiserver and etcd.
+type Cluster struct {
+	Config *rest.Config
+	env    *envtest.Environment
+}
+
+// Start starts kube-apiserver and etcd from AssetsDir. The caller must Stop it.
+func Start() (*Cluster, error) {
+	if why := Missing(); why != "" {
+		return nil, fmt.Errorf("start test cluster: %s", why)
+	}
+	env := &envtest.Environment{BinaryAssetsDirectory: AssetsDir()}
+	api := env.ControlPlane.GetAPIServer()
+	// No controllers run, so the apiserver must not expect any: no endpoint reconciler,
+	// and a Service range that does not run out (a /24 does after ~250 Services).
+	api.Configure().
+		Set("advertise-address", "127.0.0.1").
+		Set("endpoint-reconciler-type", "none").
+		Set("service-cluster-ip-range", "10.0.0.0/16")
+	cfg, err := env.Start()
+	if err != nil {
+		return nil, fmt.Errorf("start test cluster: %w", err)
+	}
+	return &Cluster{Config: cfg, env: env}, nil
+}
+
+// WriteKubeconfig writes a kubeconfig file for the cluster's admin user, for code that
+// loads its client configuration from a file as a deployment would.
+func (c *Cluster) WriteKubeconfig(path string) error {
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["test"] = &clientcmdapi.Cluster{Server: c.Config.Host, CertificateAuthorityData: c.Config.CAData}
+	kc.AuthInfos["test"] = &clientcmdapi.AuthInfo{ClientCertificateData: c.Config.CertData, ClientKeyData: c.Config.KeyData, Token: c.Config.BearerToken}
+	kc.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "test"}
+	kc.CurrentContext = "test"
+	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+		return fmt.Errorf("write kubeconfig: %w", err)
+	}
+	return nil
+}
+
+// Stop stops the apiserver and etcd and removes their data.
+func (c *Cluster) Stop() error {
+	if err := c.env.Stop(); err != nil {
+		return fmt.Errorf("stop test cluster: %w", err)
+	}
+	return nil
+}

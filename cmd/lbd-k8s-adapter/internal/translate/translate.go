@@ -1,0 +1,401 @@
+// Package translate turns Kubernetes Services, EndpointSlices and Nodes into lbd services,
+// following the service-proxy rules that apply to an external load balancer. It is pure:
+// plain objects in, lbd services and problems out, no cluster and no lbd needed.
+package translate
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
+	"google.golang.org/protobuf/types/known/durationpb"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+)
+
+// LabelServiceProxyName is the label by which a Service asks for a specific service proxy;
+// Services labelled with another proxy's name are left alone.
+const LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+
+// maxAffinitySeconds is both Kubernetes' and lbd's upper bound for ClientIP affinity.
+const maxAffinitySeconds = 86400
+
+// Options are the cluster-wide translation settings (from the adapter's config file).
+type Options struct {
+	// LoadBalancerClass is the spec.loadBalancerClass of the LoadBalancer Services that are ours.
+	LoadBalancerClass string
+	// ClaimClassless makes LoadBalancer Services without a class ours too.
+	ClaimClassless bool
+	// ServiceProxyName is our value of the service-proxy-name label: Services labelled with it
+	// are ours, Services labelled with any other value are ignored.
+	ServiceProxyName string
+	// ExternalIPs also takes spec.externalIPs of ClusterIP and NodePort Services (those of
+	// LoadBalancer Services are taken when the Service is ours).
+	ExternalIPs bool
+	// MaxBackendsPerService caps the backends of one lbd service (lbd's own limit); 0 means
+	// no cap.
+	MaxBackendsPerService int
+}
+
+// Problem says why (part of) a Service was not translated. Reason is a CamelCase word fit
+// for a Kubernetes Event's reason.
+type Problem struct {
+	Reason  string
+	Message string
+}
+
+// Result is the translation of one Kubernetes Service.
+type Result struct {
+	// Services are the lbd services, one per VIP × port × protocol, sorted by name.
+	Services []*lbdv1.Service
+	Problems []Problem
+}
+
+// NodeAddresses maps a node name to its InternalIP addresses.
+type NodeAddresses map[string][]netip.Addr
+
+// NodeInternalIPs extracts the InternalIP addresses of a Node.
+func NodeInternalIPs(n *corev1.Node) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range n.Status.Addresses {
+		if a.Type != corev1.NodeInternalIP {
+			continue
+		}
+		if ip, err := netip.ParseAddr(a.Address); err == nil {
+			out = append(out, ip.Unmap())
+		}
+	}
+	return out
+}
+
+// Managed reports whether the Service is one a service proxy handles at all: not
+// ExternalName, not headless, and not asking for another service proxy.
+func Managed(svc *corev1.Service, opt Options) bool {
+	if svc.Spec.Type == corev1.ServiceTypeExternalName || svc.Spec.ClusterIP == corev1.ClusterIPNone {
+		return false
+	}
+	if name, ok := svc.Labels[LabelServiceProxyName]; ok && name != opt.ServiceProxyName {
+		return false
+	}
+	return true
+}
+
+// OwnsLoadBalancer reports whether the Service is a LoadBalancer Service of our class: one
+// whose ingress IPs we serve and, when it has none, allocate.
+func OwnsLoadBalancer(svc *corev1.Service, opt Options) bool {
+	if svc.Spec.Type != corev1.ServiceTypeLoadBalancer || !Managed(svc, opt) {
+		return false
+	}
+	if svc.Spec.LoadBalancerClass == nil {
+		return opt.ClaimClassless
+	}
+	return *svc.Spec.LoadBalancerClass == opt.LoadBalancerClass
+}
+
+// vip is one frontend address of a Service and whether it is a load-balancer ingress IP
+// (source ranges apply only to those, as in kube-proxy).
+type vip struct {
+	addr netip.Addr
+	lb   bool
+}
+
+// Service translates one Service with its EndpointSlices. Slices of other Services, and of
+// other address types, are ignored, so callers may pass a superset.
+func Service(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, nodes NodeAddresses, opt Options) Result {
+	var res Result
+	if !Managed(svc, opt) {
+		return res
+	}
+	problem := func(reason, format string, args ...any) {
+		res.Problems = append(res.Problems, Problem{Reason: reason, Message: fmt.Sprintf(format, args...)})
+	}
+	vips := serviceVIPs(svc, opt, problem)
+	if len(vips) == 0 {
+		return res
+	}
+	ranges := sourceRanges(svc, problem)
+	affinity := sessionAffinity(svc)
+	for _, sp := range svc.Spec.Ports {
+		proto, ok := protocolOf(sp.Protocol)
+		if !ok {
+			problem("UnsupportedProtocol", "port %s: protocol %s is not supported by lbd (TCP and UDP only)", portID(sp), sp.Protocol)
+			continue
+		}
+		for _, v := range vips {
+			var svcRanges []string
+			if v.lb && len(ranges) > 0 {
+				svcRanges = rangesOfFamily(ranges, v.addr)
+				if len(svcRanges) == 0 {
+					// lbd reads an empty list as "allow all": fail closed instead.
+					problem("SourceRangesFamily", "VIP %s not served: loadBalancerSourceRanges has no %s range", v.addr, familyName(v.addr))
+					continue
+				}
+			}
+			backends := backendsFor(svc, sp, v.addr, epSlices, nodes)
+			if opt.MaxBackendsPerService > 0 && len(backends) > opt.MaxBackendsPerService {
+				problem("TooManyBackends", "port %s VIP %s: %d endpoints, only the first %d are used", portID(sp), v.addr, len(backends), opt.MaxBackendsPerService)
+				backends = backends[:opt.MaxBackendsPerService]
+			}
+			res.Services = append(res.Services, &lbdv1.Service{
+				Name:            ServiceName(svc.Namespace, svc.Name, sp, v.addr),
+				Vip:             v.addr.String(),
+				Port:            uint32(sp.Port),
+				Protocol:        proto,
+				SessionAffinity: affinity,
+				SourceRanges:    svcRanges,
+				Backends:        backends,
+			})
+		}
+	}
+	slices.SortFunc(res.Services, func(a, b *lbdv1.Service) int { return strings.Compare(a.Name, b.Name) })
+	return res
+}
+
+// ServiceName is the lbd service name of one port and VIP of a Service:
+// "<namespace>/<name>/<port name or number>/<tcp|udp>/<vip>", within lbd's name charset
+// (Kubernetes names and port names use only [a-z0-9-]).
+func ServiceName(namespace, name string, sp corev1.ServicePort, addr netip.Addr) string {
+	return fmt.Sprintf("%s/%s/%s/%s/%s", namespace, name, portID(sp), strings.ToLower(string(sp.Protocol)), addr)
+}
+
+func portID(sp corev1.ServicePort) string {
+	if sp.Name != "" {
+		return sp.Name
+	}
+	return strconv.Itoa(int(sp.Port))
+}
+
+func protocolOf(p corev1.Protocol) (lbdv1.Protocol, bool) {
+	switch p {
+	case corev1.ProtocolTCP, "":
+		return lbdv1.Protocol_PROTOCOL_TCP, true
+	case corev1.ProtocolUDP:
+		return lbdv1.Protocol_PROTOCOL_UDP, true
+	}
+	return lbdv1.Protocol_PROTOCOL_UNSPECIFIED, false
+}
+
+// serviceVIPs collects the Service's frontend addresses, deduplicated, in a stable order.
+func serviceVIPs(svc *corev1.Service, opt Options, problem func(string, string, ...any)) []vip {
+	var out []vip
+	seen := map[netip.Addr]int{}
+	add := func(s string, lb bool) {
+		a, err := netip.ParseAddr(s)
+		if err != nil || a.Zone() != "" {
+			problem("InvalidVIP", "%q is not an IP address", s)
+			return
+		}
+		a = a.Unmap()
+		if i, dup := seen[a]; dup {
+			// An address that is both an ingress IP and an external IP keeps the stricter
+			// ingress semantics (source ranges apply).
+			out[i].lb = out[i].lb || lb
+			return
+		}
+		seen[a] = len(out)
+		out = append(out, vip{addr: a, lb: lb})
+	}
+	lbOurs := OwnsLoadBalancer(svc, opt)
+	if lbOurs {
+		for _, ing := range svc.Status.LoadBalancer.Ingress {
+			if ing.IP != "" {
+				add(ing.IP, true)
+			}
+		}
+	}
+	if lbOurs || (svc.Spec.Type != corev1.ServiceTypeLoadBalancer && opt.ExternalIPs) {
+		for _, ip := range svc.Spec.ExternalIPs {
+			add(ip, false)
+		}
+	}
+	return out
+}
+
+// sourceRanges returns the Service's allowed client prefixes: the field, or the legacy
+// annotation when the field is empty (the precedence kube-proxy uses).
+func sourceRanges(svc *corev1.Service, problem func(string, string, ...any)) []netip.Prefix {
+	raw := svc.Spec.LoadBalancerSourceRanges
+	if len(raw) == 0 {
+		if ann := strings.TrimSpace(svc.Annotations[corev1.AnnotationLoadBalancerSourceRangesKey]); ann != "" {
+			raw = strings.Split(ann, ",")
+		}
+	}
+	var out []netip.Prefix
+	for _, r := range raw {
+		p, err := netip.ParsePrefix(strings.TrimSpace(r))
+		if err != nil {
+			problem("InvalidSourceRange", "source range %q ignored: not a CIDR prefix", r)
+			continue
+		}
+		out = append(out, netip.PrefixFrom(p.Addr().Unmap(), p.Bits()).Masked())
+	}
+	return out
+}
+
+func rangesOfFamily(ranges []netip.Prefix, addr netip.Addr) []string {
+	var out []string
+	for _, p := range ranges {
+		if p.Addr().Is4() == addr.Is4() && !slices.Contains(out, p.String()) {
+			out = append(out, p.String())
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func familyName(a netip.Addr) string {
+	if a.Is4() {
+		return "IPv4"
+	}
+	return "IPv6"
+}
+
+func sessionAffinity(svc *corev1.Service) *lbdv1.SessionAffinity {
+	if svc.Spec.SessionAffinity != corev1.ServiceAffinityClientIP {
+		return nil
+	}
+	secs := corev1.DefaultClientIPServiceAffinitySeconds
+	if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
+		secs = min(max(*c.ClientIP.TimeoutSeconds, 1), maxAffinitySeconds)
+	}
+	return &lbdv1.SessionAffinity{Timeout: durationpb.New(time.Duration(secs) * time.Second)}
+}
+
+// candidate is one endpoint address usable for a Service port.
+type candidate struct {
+	addr        netip.Addr
+	port        uint32
+	node        string
+	ready       bool
+	serving     bool
+	terminating bool
+}
+
+// backendsFor selects the backends of one Service port for one VIP family: ready endpoints;
+// if there are none, serving terminating ones (kube-proxy's fallback, so a rolling update
+// of every pod does not black-hole the VIP); other terminating endpoints drain, so their
+// established flows finish. Not-ready, non-terminating endpoints are left out.
+func backendsFor(svc *corev1.Service, sp corev1.ServicePort, family netip.Addr, epSlices []*discoveryv1.EndpointSlice, nodes NodeAddresses) []*lbdv1.Backend {
+	wantType := discoveryv1.AddressTypeIPv4
+	if family.Is6() {
+		wantType = discoveryv1.AddressTypeIPv6
+	}
+	cands := map[netip.AddrPort]candidate{}
+	for _, s := range epSlices {
+		if s.Namespace != svc.Namespace || s.Labels[discoveryv1.LabelServiceName] != svc.Name || s.AddressType != wantType {
+			continue
+		}
+		port, ok := slicePort(s, sp)
+		if !ok {
+			continue
+		}
+		for _, ep := range s.Endpoints {
+			if len(ep.Addresses) == 0 {
+				continue
+			}
+			// Only the first address of an endpoint is significant (EndpointSlice API).
+			a, err := netip.ParseAddr(ep.Addresses[0])
+			if err != nil {
+				continue
+			}
+			c := candidate{addr: a.Unmap(), port: port}
+			if c.addr.Is4() != family.Is4() {
+				continue
+			}
+			c.terminating = ep.Conditions.Terminating != nil && *ep.Conditions.Terminating
+			c.ready = (ep.Conditions.Ready == nil || *ep.Conditions.Ready) && !c.terminating
+			c.serving = c.ready
+			if ep.Conditions.Serving != nil {
+				c.serving = *ep.Conditions.Serving
+			}
+			if ep.NodeName != nil {
+				c.node = *ep.NodeName
+			}
+			key := netip.AddrPortFrom(c.addr, uint16(port))
+			// The same endpoint may briefly appear in two slices; the more usable copy wins.
+			if old, dup := cands[key]; dup && rank(old) >= rank(c) {
+				continue
+			}
+			cands[key] = c
+		}
+	}
+	haveReady := false
+	for _, c := range cands {
+		haveReady = haveReady || c.ready
+	}
+	var out []*lbdv1.Backend
+	for _, c := range cands {
+		var state lbdv1.BackendState
+		switch {
+		case c.ready:
+			state = lbdv1.BackendState_BACKEND_STATE_ACTIVE
+		case c.terminating && c.serving && !haveReady:
+			state = lbdv1.BackendState_BACKEND_STATE_ACTIVE
+		case c.terminating:
+			state = lbdv1.BackendState_BACKEND_STATE_DRAINING
+		default:
+			continue
+		}
+		out = append(out, &lbdv1.Backend{
+			Address:     c.addr.String(),
+			Port:        c.port,
+			NodeAddress: nodeAddress(c, nodes).String(),
+			State:       state,
+		})
+	}
+	slices.SortFunc(out, func(a, b *lbdv1.Backend) int {
+		return cmp.Or(
+			netip.MustParseAddr(a.Address).Compare(netip.MustParseAddr(b.Address)),
+			cmp.Compare(a.Port, b.Port))
+	})
+	return out
+}
+
+func rank(c candidate) int {
+	switch {
+	case c.ready:
+		return 3
+	case c.serving:
+		return 2
+	case c.terminating:
+		return 1
+	}
+	return 0
+}
+
+// slicePort finds the target port of a Service port in a slice: same name and protocol.
+func slicePort(s *discoveryv1.EndpointSlice, sp corev1.ServicePort) (uint32, bool) {
+	for _, p := range s.Ports {
+		name, proto := "", corev1.ProtocolTCP
+		if p.Name != nil {
+			name = *p.Name
+		}
+		if p.Protocol != nil {
+			proto = *p.Protocol
+		}
+		spProto := sp.Protocol
+		if spProto == "" {
+			spProto = corev1.ProtocolTCP
+		}
+		if name == sp.Name && proto == spProto && p.Port != nil && *p.Port > 0 && *p.Port <= 65535 {
+			return uint32(*p.Port), true
+		}
+	}
+	return 0, false
+}
+
+// nodeAddress is the outer-header destination for a backend: its node's InternalIP of the
+// backend's family, else the backend address itself (a backend reachable directly).
+func nodeAddress(c candidate, nodes NodeAddresses) netip.Addr {
+	for _, a := range nodes[c.node] {
+		if a.Is4() == c.addr.Is4() {
+			return a
+		}
+	}
+	return c.addr
+}
