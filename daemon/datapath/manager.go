@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -24,6 +23,7 @@ import (
 	"github.com/lbd-dev/lbd/bpf/backendtc"
 	"github.com/lbd-dev/lbd/bpf/lbxdp"
 	"github.com/lbd-dev/lbd/daemon/gc"
+	"github.com/vishvananda/netlink"
 )
 
 // Config configures the datapath of a node.
@@ -93,15 +93,15 @@ func Open(cfg Config, log hclog.Logger) (*Manager, error) {
 		}
 	}
 	m := &Manager{cfg: cfg, log: log, links: map[string]link.Link{}, programmed: map[uint32]*programmed{}}
-	ifaces := make([]*net.Interface, 0, len(cfg.Interfaces))
+	ifaces := make([]netlink.Link, 0, len(cfg.Interfaces))
 	for _, name := range cfg.Interfaces {
-		ifc, err := net.InterfaceByName(name)
+		l, err := netlink.LinkByName(name)
 		if err != nil {
 			return nil, fmt.Errorf("interface %s: %w", name, err)
 		}
-		ifaces = append(ifaces, ifc)
+		ifaces = append(ifaces, l)
 	}
-	m.ifindex = ifaces[0].Index
+	m.ifindex = ifaces[0].Attrs().Index
 	if cfg.LB {
 		if err := m.openLB(ifaces); err != nil {
 			m.Close()
@@ -142,7 +142,7 @@ func (m *Manager) loadWithMigration(dir string, spec *ebpf.CollectionSpec, load 
 	return nil
 }
 
-func (m *Manager) openLB(ifaces []*net.Interface) error {
+func (m *Manager) openLB(ifaces []netlink.Link) error {
 	opts := lbxdp.Options{
 		PinPath:       m.cfg.lbDir(),
 		MaxServices:   m.cfg.MaxServices,
@@ -183,7 +183,8 @@ func (m *Manager) openLB(ifaces []*net.Interface) error {
 		return fmt.Errorf("configure XDP datapath: %w", err)
 	}
 	for _, ifc := range ifaces {
-		err := m.attach("xdp-"+ifc.Name, m.lb.Program(), func() (link.Link, error) { return m.lb.Attach(ifc.Index) })
+		a := ifc.Attrs()
+		err := m.attach("xdp-"+a.Name, m.lb.Program(), func() (link.Link, error) { return m.lb.Attach(a.Index) })
 		if err != nil {
 			return err
 		}
@@ -191,7 +192,7 @@ func (m *Manager) openLB(ifaces []*net.Interface) error {
 	return m.adoptProgrammed()
 }
 
-func (m *Manager) openBackend(ifaces []*net.Interface) error {
+func (m *Manager) openBackend(ifaces []netlink.Link) error {
 	opts := backendtc.Options{PinDir: m.cfg.backendDir(), NATMaxEntries: m.cfg.NATSize, Config: &backendtc.Config{VNI: m.cfg.VNI}}
 	spec, err := backendtc.Spec(opts)
 	if err != nil {
@@ -212,11 +213,12 @@ func (m *Manager) openBackend(ifaces []*net.Interface) error {
 		return err
 	}
 	for _, ifc := range ifaces {
-		err := m.attach("tcx-ingress-"+ifc.Name, m.be.IngressProgram(), func() (link.Link, error) { return m.be.AttachIngress(ifc.Index) })
+		a := ifc.Attrs()
+		err := m.attach("tcx-ingress-"+a.Name, m.be.IngressProgram(), func() (link.Link, error) { return m.be.AttachIngress(a.Index) })
 		if err != nil {
 			return err
 		}
-		err = m.attach("tcx-egress-"+ifc.Name, m.be.EgressProgram(), func() (link.Link, error) { return m.be.AttachEgress(ifc.Index) })
+		err = m.attach("tcx-egress-"+a.Name, m.be.EgressProgram(), func() (link.Link, error) { return m.be.AttachEgress(a.Index) })
 		if err != nil {
 			return err
 		}
@@ -350,17 +352,14 @@ func (m *Manager) Close() error {
 	return errors.Join(errs...)
 }
 
-func firstAddrs(ifc *net.Interface) (v4, v6 netip.Addr) {
-	addrs, err := ifc.Addrs()
+// firstAddrs returns the first IPv4 and global IPv6 address of an interface.
+func firstAddrs(l netlink.Link) (v4, v6 netip.Addr) {
+	addrs, err := netlink.AddrList(l, netlink.FAMILY_ALL)
 	if err != nil {
 		return
 	}
 	for _, a := range addrs {
-		ipn, ok := a.(*net.IPNet)
-		if !ok {
-			continue
-		}
-		ip, ok := netip.AddrFromSlice(ipn.IP)
+		ip, ok := netip.AddrFromSlice(a.IP)
 		if !ok {
 			continue
 		}
