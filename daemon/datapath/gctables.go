@@ -17,19 +17,7 @@ type conntrackTable struct{ lb *lbxdp.Datapath }
 func (conntrackTable) Name() string { return "conntrack" }
 
 func (t conntrackTable) Sweep(now time.Duration) (scanned, deleted int, err error) {
-	var expired []lbxdp.Flow
-	err = t.lb.Conntrack(func(e lbxdp.CTEntry) bool {
-		scanned++
-		if e.Expired(now) {
-			expired = append(expired, e.Flow)
-		}
-		return true
-	})
-	if err != nil {
-		return scanned, 0, err
-	}
-	deleted, err = t.lb.DeleteConntrack(expired)
-	return scanned, deleted, err
+	return t.lb.SweepConntrack(now)
 }
 
 // natTable adapts the backend NAT map to the collector.
