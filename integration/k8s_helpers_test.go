@@ -6,11 +6,8 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -153,29 +150,5 @@ leaderElection:
 // when the test ends.
 func (tb *testbed) startAdapter(t *testing.T, bin string, lb *node, kubeconfig, cfgPath string) *proc {
 	t.Helper()
-	name := "adapter-" + lb.name
-	p := &proc{name: name, log: filepath.Join(tb.dir, name+".log"), exited: make(chan struct{})}
-	f, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	argv := []string{bin, "--config", cfgPath, "--kubeconfig", kubeconfig, "--identity", lb.name}
-	fmt.Fprintf(f, "=== %s: %s\n", time.Now().Format(time.TimeOnly), strings.Join(argv, " "))
-	p.cmd = exec.Command(argv[0], argv[1:]...)
-	p.cmd.Stdout, p.cmd.Stderr = f, f
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	go func() {
-		p.cmd.Wait()
-		close(p.exited)
-	}()
-	t.Cleanup(func() {
-		p.kill()
-		if t.Failed() {
-			t.Logf("log of %s:\n%s", name, tail(p.log, 40))
-		}
-	})
-	return p
+	return tb.spawn("adapter-"+lb.name, "", nil, bin, "--config", cfgPath, "--kubeconfig", kubeconfig, "--identity", lb.name)
 }

@@ -26,9 +26,9 @@ type proc struct {
 	exited  chan struct{}
 }
 
-// spawn starts argv in namespace ns with output appended to <dir>/<name>.log. The
-// process is killed when the test ends if it still runs, and its log is shown if the
-// test failed.
+// spawn starts argv in namespace ns (the host's if ns is empty) with output appended to
+// <dir>/<name>.log. The process is killed when the test ends if it still runs, and its
+// log is shown if the test failed.
 func (tb *testbed) spawn(name, ns string, env []string, argv ...string) *proc {
 	t := tb.t
 	t.Helper()
@@ -42,7 +42,11 @@ func (tb *testbed) spawn(name, ns string, env []string, argv ...string) *proc {
 		p.logFrom = st.Size()
 	}
 	fmt.Fprintf(f, "=== %s: %s\n", time.Now().Format(time.TimeOnly), strings.Join(argv, " "))
-	p.cmd = exec.Command("nsenter", append([]string{"--net=/run/netns/" + ns, "--"}, argv...)...)
+	if ns == "" {
+		p.cmd = exec.Command(argv[0], argv[1:]...)
+	} else {
+		p.cmd = exec.Command("nsenter", append([]string{"--net=/run/netns/" + ns, "--"}, argv...)...)
+	}
 	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stdout, p.cmd.Stderr = f, f
 	if err := p.cmd.Start(); err != nil {
