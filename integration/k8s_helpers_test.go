@@ -5,6 +5,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"github.com/go-logr/logr"
 	"os"
 	"path/filepath"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
 // k8sVersion is the Kubernetes release whose kube-apiserver and etcd the test runs; `make
@@ -64,6 +66,9 @@ func startKube(t *testing.T, dir string) *kubeCluster {
 			t.Skipf("no %s in %q: build the binaries with `make k8s-testbin` (or set KUBEBUILDER_ASSETS)", bin, assets)
 		}
 	}
+	// envtest logs through controller-runtime, which complains with a stack trace
+	// unless a logger is set; its start-up chatter is not wanted.
+	ctrllog.SetLogger(logr.Discard())
 	env := &envtest.Environment{BinaryAssetsDirectory: assets}
 	// No controllers run: the apiserver must not expect an endpoint reconciler, and
 	// needs a Service range of its own (TESTBED.md).

@@ -5,6 +5,7 @@ package k8stest
 
 import (
 	"fmt"
+	"github.com/go-logr/logr"
 	"os"
 	"path/filepath"
 
@@ -12,6 +13,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
 // Version is the Kubernetes version the tests run against; build.sh builds it.
@@ -55,6 +57,9 @@ func Start() (*Cluster, error) {
 	if why := Missing(); why != "" {
 		return nil, fmt.Errorf("start test cluster: %s", why)
 	}
+	// envtest logs through controller-runtime, which complains with a stack trace
+	// unless a logger is set; its start-up chatter is not wanted.
+	ctrllog.SetLogger(logr.Discard())
 	env := &envtest.Environment{BinaryAssetsDirectory: AssetsDir()}
 	api := env.ControlPlane.GetAPIServer()
 	// No controllers run, so the apiserver must not expect any: no endpoint reconciler,
