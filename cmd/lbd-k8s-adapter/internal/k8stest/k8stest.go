@@ -5,10 +5,10 @@ package k8stest
 
 import (
 	"fmt"
-	"github.com/go-logr/logr"
 	"os"
 	"path/filepath"
 
+	"github.com/go-logr/logr"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
