@@ -1,0 +1,511 @@
+// Package examplestest validates the deployment artifacts in examples/: lbd
+// configurations, systemd units, router snippets, the container recipe, the Prometheus
+// scrape configuration and the Grafana dashboard. Each is checked by the tool that will
+// consume it where that tool is installed, and against the code it refers to (flags,
+// defaults, metric names) so that the examples cannot drift from lbd.
+package examplestest
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/lbd-dev/lbd/bpf/backendtc"
+	"github.com/lbd-dev/lbd/bpf/lbxdp"
+	"github.com/lbd-dev/lbd/daemon/config"
+	"sigs.k8s.io/yaml"
+)
+
+// root is the repository's root, relative to this package's directory (where go test
+// runs the test binary).
+const root = "../.."
+
+// binDir holds lbd and lbd-k8s-adapter built from this tree by TestMain.
+var binDir string
+
+func TestMain(m *testing.M) {
+	os.Exit(runTests(m))
+}
+
+func runTests(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "lbd-examples-")
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "create binary dir: %v\n", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	cmd := exec.Command("go", "build", "-o", dir+string(filepath.Separator), "./cmd/lbd", "./cmd/lbd-k8s-adapter")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build lbd and lbd-k8s-adapter: %v\n%s", err, out)
+		return 1
+	}
+	binDir = dir
+	return m.Run()
+}
+
+func path(parts ...string) string { return filepath.Join(append([]string{root}, parts...)...) }
+
+func readFile(t *testing.T, parts ...string) string {
+	t.Helper()
+	b, err := os.ReadFile(path(parts...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// needTool returns the path of a tool the check needs, or skips the test naming it. CI
+// installs every one of them, so nothing skips there.
+func needTool(t *testing.T, name string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		t.Skipf("needs %s: not installed", name)
+	}
+	return p
+}
+
+// TestLBDConfigs loads every lbd configuration at the top of examples/ with lbd's own
+// parser, so a new example is covered as soon as it is added.
+func TestLBDConfigs(t *testing.T) {
+	files, err := filepath.Glob(path("examples", "*.yaml"))
+	if err != nil || len(files) < 2 {
+		t.Fatalf("lbd configurations in examples/: %v, %v", files, err)
+	}
+	for _, f := range files {
+		if _, err := config.Load(f); err != nil {
+			t.Errorf("%v", err)
+		}
+	}
+}
+
+// unit is a parsed systemd unit: section → key → values in file order.
+type unit map[string]map[string][]string
+
+func parseUnit(t *testing.T, file string) unit {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := unit{}
+	section := ""
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		switch {
+		case line == "" || strings.HasPrefix(line, "#") || strings.HasPrefix(line, ";"):
+		case strings.HasPrefix(line, "[") && strings.HasSuffix(line, "]"):
+			section = line[1 : len(line)-1]
+			u[section] = map[string][]string{}
+		default:
+			k, v, ok := strings.Cut(line, "=")
+			if !ok || section == "" || strings.HasSuffix(line, "\\") {
+				t.Fatalf("%s:%d: not a key=value line in a section: %q", file, n, line)
+			}
+			u[section][strings.TrimSpace(k)] = append(u[section][strings.TrimSpace(k)], strings.TrimSpace(v))
+		}
+	}
+	return u
+}
+
+// one returns the single value of a key, failing when it is missing or repeated.
+func (u unit) one(t *testing.T, section, key string) string {
+	t.Helper()
+	v := u[section][key]
+	if len(v) != 1 {
+		t.Fatalf("[%s] %s: %d values, want 1", section, key, len(v))
+	}
+	return v[0]
+}
+
+// TestSystemdUnits checks the units with systemd-analyze (against binaries built from
+// this tree) and runs each ExecStart command line: lbd's with --check-config and the
+// configuration the unit's comment names, the adapter's up to the point where it needs a
+// cluster.
+func TestSystemdUnits(t *testing.T) {
+	units := map[string]string{
+		"lbd-lb.service":          "lbd",
+		"lbd-backend.service":     "lbd",
+		"lbd-k8s-adapter.service": "lbd-k8s-adapter",
+	}
+	// The files the units name on the target host, replaced by what the examples hold.
+	adapterCfg := filepath.Join(t.TempDir(), "k8s-adapter.yaml")
+	if err := os.WriteFile(adapterCfg, []byte(adapterConfig(t)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hostFiles := map[string]string{
+		"/etc/lbd/lbd.yaml":         path("examples", "lbd-lb-node.yaml"),
+		"/etc/lbd/k8s-adapter.yaml": adapterCfg,
+		"/etc/lbd/kubeconfig":       filepath.Join(t.TempDir(), "absent-kubeconfig"),
+	}
+	def := config.Default()
+	for name, bin := range units {
+		t.Run(name, func(t *testing.T) {
+			file := path("examples", "systemd", name)
+			u := parseUnit(t, file)
+			args := strings.Fields(u.one(t, "Service", "ExecStart"))
+			if want := "/usr/local/bin/" + bin; args[0] != want {
+				t.Fatalf("ExecStart runs %s, want %s", args[0], want)
+			}
+			if got := u.one(t, "Install", "WantedBy"); got != "multi-user.target" {
+				t.Errorf("WantedBy=%s, want multi-user.target", got)
+			}
+			if bin == "lbd" {
+				// systemd creates the directories lbd's defaults use.
+				if got, want := "/run/"+u.one(t, "Service", "RuntimeDirectory"), filepath.Dir(def.API.Socket); got != want {
+					t.Errorf("RuntimeDirectory gives %s, lbd's socket is in %s", got, want)
+				}
+				if got := "/var/lib/" + u.one(t, "Service", "StateDirectory"); got != def.StateDir {
+					t.Errorf("StateDirectory gives %s, lbd's state_dir is %s", got, def.StateDir)
+				}
+			}
+			for i, a := range args[1:] {
+				if f, ok := hostFiles[a]; ok {
+					args[i+1] = f
+				}
+			}
+			runExecStart(t, bin, args[1:])
+			verifyUnit(t, file)
+		})
+	}
+}
+
+// adapterConfig returns the adapter's configuration from examples/k8s/config.yaml.
+func adapterConfig(t *testing.T) string {
+	t.Helper()
+	for _, doc := range strings.Split(readFile(t, "examples", "k8s", "config.yaml"), "\n---\n") {
+		var cm struct {
+			Data map[string]string `json:"data"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &cm); err != nil {
+			t.Fatalf("examples/k8s/config.yaml: %v", err)
+		}
+		if s, ok := cm.Data["k8s-adapter.yaml"]; ok {
+			return s
+		}
+	}
+	t.Fatal("examples/k8s/config.yaml has no k8s-adapter.yaml key")
+	return ""
+}
+
+func runExecStart(t *testing.T, bin string, args []string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	if bin == "lbd" {
+		cmd := exec.Command(filepath.Join(binDir, bin), append(args, "--check-config")...)
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if err := cmd.Run(); err != nil || !strings.Contains(stdout.String(), "configuration is valid") {
+			t.Fatalf("lbd %s --check-config: %v\n%s%s", strings.Join(args, " "), err, stdout.String(), stderr.String())
+		}
+		return
+	}
+	// The adapter has no check mode: with a kubeconfig that does not exist it parses its
+	// flags (exit 2 on a bad one), loads its configuration, and only then fails (exit 1)
+	// on the cluster client.
+	cmd := exec.Command(filepath.Join(binDir, bin), args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(stderr.String(), "kubernetes client config") {
+		t.Fatalf("%s %s: %v, want exit 1 on the missing kubeconfig only:\n%s", bin, strings.Join(args, " "), err, stderr.String())
+	}
+}
+
+// verifyUnit runs systemd-analyze verify on a copy of the unit whose commands point at
+// the binaries built from this tree (verify checks that they are executable); any
+// warning fails the test.
+func verifyUnit(t *testing.T, file string) {
+	t.Helper()
+	analyze, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		t.Log("systemd-analyze not installed: the unit was checked by the INI parser and by running ExecStart only")
+		return
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp := filepath.Join(t.TempDir(), filepath.Base(file))
+	if err := os.WriteFile(cp, bytes.ReplaceAll(b, []byte("/usr/local/bin/"), []byte(binDir+"/")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(analyze, "verify", cp).CombinedOutput()
+	if err != nil || len(bytes.TrimSpace(out)) > 0 {
+		t.Errorf("systemd-analyze verify %s: %v\n%s", filepath.Base(file), err, out)
+	}
+}
+
+// TestRouterConfigs parses the BIRD and FRR snippets with the daemons' own checkers and
+// checks that they peer with the LB node of examples/lbd-lb-node.yaml as configured there.
+func TestRouterConfigs(t *testing.T) {
+	lb, err := config.Load(path("examples", "lbd-lb-node.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	router := lb.BGP.Peers[0]
+	vipPrefix := lb.BGP.VIPAttributes[0].Prefix
+	t.Run("bird", func(t *testing.T) {
+		conf := readFile(t, "examples", "router", "bird.conf")
+		for _, want := range []string{
+			"router id " + router.Address + ";",
+			fmt.Sprintf("local %s as %d;", router.Address, router.AS),
+			fmt.Sprintf("neighbor %s as %d;", lb.BGP.RouterID, lb.BGP.LocalAS),
+			"passive on;", // lbd's listen_port 0: it only connects out
+			"merge paths on;",
+			vipPrefix + "{32,32}",
+		} {
+			if !strings.Contains(conf, want) {
+				t.Errorf("bird.conf lacks %q", want)
+			}
+		}
+		bird := needTool(t, "bird")
+		if out, err := exec.Command(bird, "-p", "-c", path("examples", "router", "bird.conf")).CombinedOutput(); err != nil {
+			t.Errorf("bird -p: %v\n%s", err, out)
+		}
+	})
+	t.Run("frr", func(t *testing.T) {
+		conf := readFile(t, "examples", "router", "frr.conf")
+		for _, want := range []string{
+			fmt.Sprintf("router bgp %d\n", router.AS),
+			"bgp router-id " + router.Address + "\n",
+			fmt.Sprintf("remote-as %d\n", lb.BGP.LocalAS),
+			"neighbor " + lb.BGP.RouterID + " peer-group",
+			"neighbor LBD passive\n",
+			"maximum-paths",
+			"permit " + vipPrefix + " ge 32",
+		} {
+			if !strings.Contains(conf, want) {
+				t.Errorf("frr.conf lacks %q", want)
+			}
+		}
+		vtysh := needTool(t, "vtysh")
+		// The exit status says whether the file parsed (2 on an unknown command); the
+		// output may also hold a warning about vtysh's own configuration file when not
+		// run as root.
+		out, err := exec.Command(vtysh, "--dryrun", "--inputfile", path("examples", "router", "frr.conf")).CombinedOutput()
+		if err != nil {
+			t.Errorf("vtysh --dryrun: %v\n%s", err, out)
+		}
+	})
+}
+
+// TestPrometheusConfig checks that every scrape target uses lbd's default metrics port.
+func TestPrometheusConfig(t *testing.T) {
+	var prom struct {
+		Global        map[string]string `json:"global"`
+		ScrapeConfigs []struct {
+			JobName       string `json:"job_name"`
+			StaticConfigs []struct {
+				Targets []string          `json:"targets"`
+				Labels  map[string]string `json:"labels"`
+			} `json:"static_configs"`
+		} `json:"scrape_configs"`
+	}
+	if err := yaml.UnmarshalStrict([]byte(readFile(t, "examples", "prometheus", "prometheus.yml")), &prom); err != nil {
+		t.Fatalf("prometheus.yml: %v", err)
+	}
+	_, wantPort, err := net.SplitHostPort(config.Default().MetricsListen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	targets := 0
+	for _, sc := range prom.ScrapeConfigs {
+		for _, st := range sc.StaticConfigs {
+			for _, target := range st.Targets {
+				targets++
+				if _, port, err := net.SplitHostPort(target); err != nil || port != wantPort {
+					t.Errorf("job %s: target %q is not host:%s (lbd's default metrics_listen)", sc.JobName, target, wantPort)
+				}
+			}
+		}
+	}
+	if targets == 0 {
+		t.Error("prometheus.yml scrapes nothing")
+	}
+}
+
+// exportedMetrics returns the metric names lbd registers, read from daemon/metrics.
+func exportedMetrics(t *testing.T) map[string]bool {
+	t.Helper()
+	files, err := filepath.Glob(path("daemon", "metrics", "*.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	re := regexp.MustCompile(`"(lbd_[a-z0-9_]+)"`)
+	names := map[string]bool{}
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range re.FindAllSubmatch(b, -1) {
+			names[string(m[1])] = true
+		}
+	}
+	// A sanity floor: the names are found by a pattern, which must keep matching.
+	for _, n := range []string{"lbd_service_packets_total", "lbd_datapath_packets_total", "lbd_reconcile_duration_seconds"} {
+		if !names[n] {
+			t.Fatalf("%s not found in daemon/metrics: the pattern no longer matches the source", n)
+		}
+	}
+	return names
+}
+
+// datapathReasons returns the reason label values of lbd_datapath_packets_total, as
+// daemon/datapath builds them from the two programs' counters.
+func datapathReasons(t *testing.T) []string {
+	t.Helper()
+	src := readFile(t, "daemon", "datapath", "inspect.go")
+	for _, prefix := range []string{`"lb_drop_" + r.String()`, `"backend_" + c.String()`} {
+		if !strings.Contains(src, prefix) {
+			t.Fatalf("daemon/datapath/inspect.go no longer builds reasons as %s: update this test and the dashboard", prefix)
+		}
+	}
+	var out []string
+	for _, r := range lbxdp.DropReasons() {
+		out = append(out, "lb_drop_"+r.String())
+	}
+	for _, c := range backendtc.AllCounters() {
+		out = append(out, "backend_"+c.String())
+	}
+	return out
+}
+
+// TestGrafanaDashboard checks that the dashboard is valid JSON whose every query uses
+// metric names lbd exports and reason values its datapath produces.
+func TestGrafanaDashboard(t *testing.T) {
+	var dash struct {
+		Title  string `json:"title"`
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	dec := json.NewDecoder(strings.NewReader(readFile(t, "examples", "prometheus", "grafana-dashboard.json")))
+	if err := dec.Decode(&dash); err != nil {
+		t.Fatalf("grafana-dashboard.json: %v", err)
+	}
+	exported := exportedMetrics(t)
+	reasons := datapathReasons(t)
+	nameRE := regexp.MustCompile(`\blbd_[a-z0-9_]+`)
+	reasonRE := regexp.MustCompile(`reason=~?"([^"]+)"`)
+	queries := 0
+	for _, p := range dash.Panels {
+		for _, tg := range p.Targets {
+			queries++
+			names := nameRE.FindAllString(tg.Expr, -1)
+			if len(names) == 0 {
+				t.Errorf("panel %q: query %q uses no lbd metric", p.Title, tg.Expr)
+			}
+			for _, n := range names {
+				base := n
+				for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+					if b, ok := strings.CutSuffix(n, suffix); ok && exported[b] {
+						base = b
+					}
+				}
+				if !exported[base] {
+					t.Errorf("panel %q: %s is not a metric lbd exports", p.Title, n)
+				}
+			}
+			for _, m := range reasonRE.FindAllStringSubmatch(tg.Expr, -1) {
+				for _, alt := range strings.Split(m[1], "|") {
+					re, err := regexp.Compile("^(?:" + alt + ")$")
+					if err != nil {
+						t.Fatalf("panel %q: reason %q: %v", p.Title, alt, err)
+					}
+					if !slices.ContainsFunc(reasons, re.MatchString) {
+						t.Errorf("panel %q: reason %q matches none of %v", p.Title, alt, reasons)
+					}
+				}
+			}
+		}
+	}
+	if queries == 0 {
+		t.Error("the dashboard has no queries")
+	}
+}
+
+// TestContainerfile checks the container recipe against the tree: the Go version, the
+// commands it builds, the version variables it sets, and the binaries the Kubernetes
+// manifests run from the image.
+func TestContainerfile(t *testing.T) {
+	cf := readFile(t, "examples", "container", "Containerfile")
+	goMod := readFile(t, "go.mod")
+	goVer := regexp.MustCompile(`(?m)^go (\d+\.\d+)`).FindStringSubmatch(goMod)
+	if goVer == nil {
+		t.Fatal("go.mod has no go directive")
+	}
+	if want := "golang:" + goVer[1] + "-"; !strings.Contains(cf, want) {
+		t.Errorf("Containerfile does not build with %s (go.mod says go %s)", want, goVer[1])
+	}
+	loop := regexp.MustCompile(`for cmd in ([a-z0-9 -]+);`).FindStringSubmatch(cf)
+	if loop == nil {
+		t.Fatal("Containerfile: no `for cmd in ...;` build loop")
+	}
+	built := strings.Fields(loop[1])
+	for _, c := range built {
+		if _, err := os.Stat(path("cmd", c, "main.go")); err != nil {
+			t.Errorf("Containerfile builds ./cmd/%s: %v", c, err)
+		}
+		if !strings.Contains(cf, "/out/"+c+" ") && !strings.Contains(cf, "/out/"+c+"\n") {
+			t.Errorf("Containerfile builds %s but does not copy /out/%s into the image", c, c)
+		}
+	}
+	for _, m := range regexp.MustCompile(`-X (github\.com/lbd-dev/lbd/[a-z/]+)\.([A-Za-z]+)=`).FindAllStringSubmatch(cf, -1) {
+		dir := path(strings.TrimPrefix(m[1], "github.com/lbd-dev/lbd/"))
+		files, _ := filepath.Glob(filepath.Join(dir, "*.go"))
+		found := false
+		for _, f := range files {
+			b, err := os.ReadFile(f)
+			if err == nil && !strings.HasSuffix(f, "_test.go") && regexp.MustCompile(`(?m)^var `+m[2]+` = "`).Match(b) {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("Containerfile sets %s.%s, which is not a string variable there", m[1], m[2])
+		}
+	}
+	// Every binary the manifests run from the lbd image is in it.
+	manifests, err := filepath.Glob(path("examples", "k8s", "*.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	binRE := regexp.MustCompile(`command: \[/usr/local/bin/([a-z0-9-]+)`)
+	seen := 0
+	for _, f := range manifests {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range binRE.FindAllSubmatch(b, -1) {
+			seen++
+			if !slices.Contains(built, string(m[1])) {
+				t.Errorf("%s runs /usr/local/bin/%s, which the Containerfile does not build", filepath.Base(f), m[1])
+			}
+		}
+	}
+	if seen == 0 {
+		t.Error("no manifest in examples/k8s runs a binary from /usr/local/bin: the pattern no longer matches")
+	}
+	if !strings.Contains(cf, "/usr/local/bin/") {
+		t.Error("Containerfile does not install into /usr/local/bin")
+	}
+}
