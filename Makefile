@@ -11,7 +11,7 @@ LDFLAGS   := -X github.com/lbd-dev/lbd/daemon/lbd.Version=$(VERSION) -X github.c
 DEBIAN_PACKAGES := clang llvm libbpf-dev bpftool iproute2 ethtool tshark tcpdump bird2 frr \
 	iperf3 netcat-openbsd iputils-ping curl git make python3 systemd
 
-.PHONY: help deps build k8s-testbin generate check-generated test integration bench demo demo-down lint check clean
+.PHONY: help deps build k8s-testbin docs check-docs generate check-generated test integration bench demo demo-down lint check clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -41,6 +41,15 @@ check-generated: generate ## fail if generated code differs from what is committ
 	@git diff --exit-code --stat -- proto bpf || { echo "generated code is stale: run 'make generate' and commit"; exit 1; }
 	@test -z "$$(git status --porcelain -- proto bpf)" || { git status --porcelain -- proto bpf; echo "generate left untracked files"; exit 1; }
 
+docs: ## regenerate docs/reference (configuration and API references) from the Go code and the proto files
+	@img=$$(mktemp --suffix=.binpb) && trap 'rm -f "$$img"' EXIT && \
+		$(BUF) build -o "$$img" && \
+		go run ./daemon/config/docgen -image "$$img" -out docs/reference
+
+check-docs: docs ## fail if docs/reference differs from what is committed
+	@git diff --exit-code --stat -- docs/reference || { echo "docs/reference is stale: run 'make docs' and commit"; exit 1; }
+	@test -z "$$(git status --porcelain -- docs/reference)" || { git status --porcelain -- docs/reference; echo "docs/reference has uncommitted files: run 'make docs' and commit"; exit 1; }
+
 lint: ## gofmt, go vet, staticcheck, buf lint and buf breaking against main
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 	go vet ./...
@@ -62,7 +71,7 @@ bench: ## benchmarks, 5 runs each, summarized by benchstat
 	go test -run '^$$' -bench . -benchmem -count 5 -timeout 60m ./... | tee bench.txt
 	$(BENCHSTAT) bench.txt
 
-check: deps check-generated lint k8s-testbin test integration ## everything CI runs: the README's test command
+check: deps check-generated check-docs lint k8s-testbin test integration ## everything CI runs: the README's test command
 
 demo: deps build ## install what is needed; build; LB and backend nodes in namespaces with traffic
 	./examples/demo-netns.sh up

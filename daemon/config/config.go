@@ -100,9 +100,11 @@ type API struct {
 // TCP configures the optional TCP listener, which only speaks mutual TLS.
 type TCP struct {
 	// Listen is host:port; empty disables the listener.
-	Listen       string `json:"listen"`
-	CertFile     string `json:"cert_file"`
-	KeyFile      string `json:"key_file"`
+	Listen string `json:"listen"`
+	// CertFile and KeyFile are the server's certificate and key (PEM).
+	CertFile string `json:"cert_file"`
+	KeyFile  string `json:"key_file"`
+	// ClientCAFile is the CA (PEM) that client certificates must chain to.
 	ClientCAFile string `json:"client_ca_file"`
 }
 

@@ -17,7 +17,9 @@ import (
 
 // Limits bound what the store accepts, so one bad client cannot exhaust the datapath maps.
 type Limits struct {
-	MaxServices           int `json:"max_services"`
+	// MaxServices bounds the number of services (service IDs index datapath maps).
+	MaxServices int `json:"max_services"`
+	// MaxBackendsPerService bounds the backends of one service.
 	MaxBackendsPerService int `json:"max_backends_per_service"`
 	// MaxBackends bounds the backends of all services together (backend IDs index a
 	// datapath map of this size).

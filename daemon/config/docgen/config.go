@@ -1,0 +1,309 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/lbd-dev/lbd/daemon/config"
+)
+
+// module is the Go module path; a struct's package path below it is its directory.
+const module = "github.com/lbd-dev/lbd"
+
+// structDoc holds the doc comments of one struct type read from its Go source.
+type structDoc struct {
+	doc    string
+	fields map[string]string // Go field name → doc comment
+}
+
+// sourceDocs reads doc comments from the Go sources of the packages it is asked about,
+// parsing each package directory once.
+type sourceDocs struct {
+	root   string
+	parsed map[string]map[string]structDoc // package path → type name → docs
+}
+
+func (s *sourceDocs) lookup(t reflect.Type) (structDoc, error) {
+	pkg := t.PkgPath()
+	types, ok := s.parsed[pkg]
+	if !ok {
+		rel, found := strings.CutPrefix(pkg, module+"/")
+		if !found {
+			return structDoc{}, fmt.Errorf("type %s is outside module %s", t, module)
+		}
+		var err error
+		if types, err = parseStructDocs(filepath.Join(s.root, filepath.FromSlash(rel))); err != nil {
+			return structDoc{}, err
+		}
+		s.parsed[pkg] = types
+	}
+	d, ok := types[t.Name()]
+	if !ok {
+		return structDoc{}, fmt.Errorf("struct %s not found in the sources of %s", t.Name(), pkg)
+	}
+	return d, nil
+}
+
+// parseStructDocs returns the doc comments of every struct type declared in the
+// non-test Go files of dir.
+func parseStructDocs(dir string) (map[string]structDoc, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "*.go"))
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", dir, err)
+	}
+	fset := token.NewFileSet()
+	docs := map[string]structDoc{}
+	for _, path := range files {
+		if strings.HasSuffix(path, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.ParseComments)
+		if err != nil {
+			return nil, fmt.Errorf("parse %s: %w", path, err)
+		}
+		for _, decl := range f.Decls {
+			gd, ok := decl.(*ast.GenDecl)
+			if !ok || gd.Tok != token.TYPE {
+				continue
+			}
+			for _, spec := range gd.Specs {
+				ts := spec.(*ast.TypeSpec)
+				st, ok := ts.Type.(*ast.StructType)
+				if !ok {
+					continue
+				}
+				doc := ts.Doc
+				if doc == nil && len(gd.Specs) == 1 {
+					doc = gd.Doc
+				}
+				docs[ts.Name.Name] = structDoc{doc: oneLine(doc.Text()), fields: fieldDocs(fset, st)}
+			}
+		}
+	}
+	return docs, nil
+}
+
+// fieldDocs returns each field's doc comment. A field without one shares the comment
+// of the field on the line above when that comment covers both, as in
+//
+//	// ConntrackSize is the LB conntrack table's size in flows; NATSize the backend's.
+//	ConntrackSize uint32
+//	NATSize       uint32
+//
+// that is when the comment names the field, or when its first word is a prefix of both
+// names ("GC bounds ..." above GCMinInterval and GCMaxInterval).
+func fieldDocs(fset *token.FileSet, st *ast.StructType) map[string]string {
+	docs := map[string]string{}
+	var prevDoc, prevHead string
+	prevLine := -1
+	for _, f := range st.Fields.List {
+		line := fset.Position(f.Pos()).Line
+		doc := oneLine(f.Doc.Text())
+		if doc == "" {
+			doc = oneLine(f.Comment.Text())
+		}
+		for _, n := range f.Names {
+			d := doc
+			if d == "" && prevDoc != "" && line == prevLine+1 && sharesComment(prevDoc, prevHead, n.Name) {
+				d = prevDoc
+			}
+			docs[n.Name] = d
+			if doc != "" {
+				prevHead = n.Name
+			}
+			if d == "" {
+				prevHead = ""
+			}
+			prevDoc = d
+		}
+		prevLine = fset.Position(f.End()).Line
+	}
+	return docs
+}
+
+// sharesComment reports whether doc, written above the field head, also describes name.
+func sharesComment(doc, head, name string) bool {
+	if mentions(doc, name) {
+		return true
+	}
+	first, _, _ := strings.Cut(doc, " ")
+	return first != head && strings.HasPrefix(head, first) && strings.HasPrefix(name, first)
+}
+
+// mentions reports whether text contains word as a whole word.
+func mentions(text, word string) bool {
+	return regexp.MustCompile(`\b` + regexp.QuoteMeta(word) + `\b`).MatchString(text)
+}
+
+// oneLine joins a comment's lines into one paragraph fit for a table cell.
+func oneLine(s string) string {
+	s = strings.Join(strings.Fields(s), " ")
+	return strings.ReplaceAll(s, "|", `\|`)
+}
+
+// section is one struct of the configuration: a heading and a table of its fields.
+type section struct {
+	key  string // YAML key path of the struct; empty for the top level
+	doc  string
+	rows [][4]string // key, type, default, description
+}
+
+// configReference renders docs/reference/config.md.
+func configReference(root string) ([]byte, error) {
+	src := &sourceDocs{root: root, parsed: map[string]map[string]structDoc{}}
+	var sections []section
+	def := config.Default()
+	if err := walkStruct(src, "", reflect.ValueOf(def), reflect.TypeOf(def), true, &sections); err != nil {
+		return nil, err
+	}
+	var b bytes.Buffer
+	b.WriteString("<!-- Generated by `make docs` (go run ./daemon/config/docgen) from the Go sources. DO NOT EDIT. -->\n\n")
+	b.WriteString("# Configuration reference\n\n")
+	b.WriteString("lbd reads one YAML file (`lbd --config FILE`; `lbd --check-config --config FILE` validates it and exits). ")
+	b.WriteString("Every key is optional and unknown keys are errors. Defaults are those of a configuration without a file (`config.Default()`); ")
+	b.WriteString("keys inside lists and inside `bgp` (absent by default) have no default value there, and their zero value means what the description says. ")
+	b.WriteString("Durations are Go duration strings such as `\"90s\"` or `\"1h\"`.\n")
+	for _, s := range sections {
+		title := "Top level"
+		if s.key != "" {
+			title = "`" + s.key + "`"
+		}
+		fmt.Fprintf(&b, "\n## %s\n\n", title)
+		if s.doc != "" {
+			b.WriteString(s.doc + "\n\n")
+		}
+		b.WriteString("| key | type | default | description |\n|---|---|---|---|\n")
+		for _, r := range s.rows {
+			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", r[0], r[1], r[2], r[3])
+		}
+	}
+	return b.Bytes(), nil
+}
+
+// walkStruct appends the section of struct type t at key path prefix, then the sections
+// of the structs it contains, in field order. v holds the defaults when hasDefault.
+func walkStruct(src *sourceDocs, prefix string, v reflect.Value, t reflect.Type, hasDefault bool, out *[]section) error {
+	sd, err := src.lookup(t)
+	if err != nil {
+		return err
+	}
+	idx := len(*out)
+	keys := map[string]string{} // Go name → YAML key, to write keys in descriptions
+	for i := range t.NumField() {
+		if k := jsonKey(t.Field(i)); k != "" {
+			keys[t.Field(i).Name] = k
+		}
+	}
+	*out = append(*out, section{key: prefix, doc: withKeys(sd.doc, keys)})
+	for i := range t.NumField() {
+		f := t.Field(i)
+		key := keys[f.Name]
+		if key == "" {
+			continue
+		}
+		path := key
+		if prefix != "" {
+			path = prefix + "." + key
+		}
+		var fv reflect.Value
+		if hasDefault {
+			fv = v.Field(i)
+		}
+		def, err := defaultText(fv, hasDefault)
+		if err != nil {
+			return fmt.Errorf("default of %s: %w", path, err)
+		}
+		row := [4]string{"`" + path + "`", typeName(f.Type), def, withKeys(sd.fields[f.Name], keys)}
+		(*out)[idx].rows = append((*out)[idx].rows, row)
+
+		ft, fDefault := f.Type, hasDefault
+		switch {
+		case ft.Kind() == reflect.Pointer && ft.Elem().Kind() == reflect.Struct:
+			ft = ft.Elem()
+			if fDefault && fv.IsNil() {
+				fDefault = false
+			} else if fDefault {
+				fv = fv.Elem()
+			}
+		case ft.Kind() == reflect.Slice && ft.Elem().Kind() == reflect.Struct:
+			ft, path, fDefault = ft.Elem(), path+"[]", false
+		}
+		if ft.Kind() == reflect.Struct && !isDuration(ft) {
+			if err := walkStruct(src, path, fv, ft, fDefault, out); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// jsonKey is the field's key in the file (sigs.k8s.io/yaml uses the json tags).
+func jsonKey(f reflect.StructField) string {
+	name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+	if name == "-" || !f.IsExported() {
+		return ""
+	}
+	return name
+}
+
+func isDuration(t reflect.Type) bool { return t.Name() == "Duration" && t.Kind() == reflect.Int64 }
+
+// typeName describes a field's type as written in YAML.
+func typeName(t reflect.Type) string {
+	switch {
+	case isDuration(t):
+		return "duration"
+	case t.Kind() == reflect.Pointer:
+		return typeName(t.Elem()) + " (optional)"
+	case t.Kind() == reflect.Slice:
+		return "list of " + typeName(t.Elem())
+	case t.Kind() == reflect.Struct:
+		return "object"
+	}
+	return t.Kind().String()
+}
+
+// defaultText renders a default value; "—" when the key has none (see configReference).
+func defaultText(v reflect.Value, ok bool) (string, error) {
+	switch {
+	case !ok:
+		return "—", nil
+	case v.Kind() == reflect.Pointer && v.IsNil():
+		return "absent", nil
+	case v.Kind() == reflect.Struct && !isDuration(v.Type()):
+		return "see below", nil
+	case v.Kind() == reflect.Slice && v.Len() == 0:
+		return "`[]`", nil
+	}
+	data, err := json.Marshal(v.Interface())
+	if err != nil {
+		return "", fmt.Errorf("marshal: %w", err)
+	}
+	return "`" + strings.ReplaceAll(string(data), "|", `\|`) + "`", nil
+}
+
+// withKeys writes the YAML key instead of the Go field name where a description names
+// a field of its own struct. All-capital names (BGP, JSON, VNI) are left alone: they
+// are also the acronym, and a description uses them as such.
+func withKeys(doc string, keys map[string]string) string {
+	names := make([]string, 0, len(keys))
+	for n := range keys {
+		if n != strings.ToUpper(n) {
+			names = append(names, n)
+		}
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		doc = regexp.MustCompile(`\b`+regexp.QuoteMeta(n)+`\b`).ReplaceAllString(doc, "`"+keys[n]+"`")
+	}
+	return doc
+}
