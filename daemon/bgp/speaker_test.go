@@ -224,6 +224,15 @@ func TestSetAdvertisedSendsOnlyDifference(t *testing.T) {
 		t.Fatalf("SetAdvertised: %v", err)
 	}
 	waitRIB(t, r, vipA, vipB)
+	// The log is fed by the router's event stream, which can lag behind its RIB: wait
+	// for both announcements there too before taking the mark.
+	eventually(t, "announcements of A and B recorded", func() error {
+		got := log.since(0)
+		if !slices.Contains(got, receivedUpdate{vipA, false}) || !slices.Contains(got, receivedUpdate{vipB, false}) {
+			return fmt.Errorf("recorded %s", formatUpdates(got))
+		}
+		return nil
+	})
 
 	// The same set again, attributes in another order: nothing to send.
 	mark := log.len()
@@ -240,7 +249,7 @@ func TestSetAdvertisedSendsOnlyDifference(t *testing.T) {
 		t.Fatalf("SetAdvertised(+marker): %v", err)
 	}
 	waitRIB(t, r, vipA, vipB, marker)
-	if got, want := log.since(mark), []receivedUpdate{{marker, false}}; !slices.Equal(got, want) {
+	if got, want := recordedThrough(t, log, mark, receivedUpdate{marker, false}), []receivedUpdate{{marker, false}}; !slices.Equal(got, want) {
 		t.Errorf("router received %s, want %s", formatUpdates(got), formatUpdates(want))
 	}
 
@@ -274,7 +283,7 @@ func TestSetAdvertisedSendsOnlyDifference(t *testing.T) {
 		}
 		return nil
 	})
-	got := log.since(mark)
+	got := recordedThrough(t, log, mark, receivedUpdate{marker, false})
 	wantUpdates := []receivedUpdate{{vipB, true}, {vipA, false}, {vipC, false}, {marker, false}}
 	if !slices.Equal(got, wantUpdates) {
 		t.Errorf("router received %s, want %s", formatUpdates(got), formatUpdates(wantUpdates))
@@ -282,6 +291,20 @@ func TestSetAdvertisedSendsOnlyDifference(t *testing.T) {
 	if got, want := s.Stats(), (Stats{Announcements: 6, Withdrawals: 1}); got != want {
 		t.Errorf("stats = %+v, want %+v", got, want)
 	}
+}
+
+// recordedThrough waits until the router's update log holds last after index mark and
+// returns what it recorded from mark on. Updates on one session arrive in order, so
+// everything sent before last is in the log by then.
+func recordedThrough(t *testing.T, log *updateLog, mark int, last receivedUpdate) []receivedUpdate {
+	t.Helper()
+	eventually(t, fmt.Sprintf("%s recorded", last), func() error {
+		if got := log.since(mark); !slices.Contains(got, last) {
+			return fmt.Errorf("recorded %s", formatUpdates(got))
+		}
+		return nil
+	})
+	return log.since(mark)
 }
 
 func TestSetAdvertisedRejectsBadInput(t *testing.T) {
