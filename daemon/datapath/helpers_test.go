@@ -5,6 +5,7 @@ package datapath
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -81,11 +82,17 @@ func newNode(tb testing.TB) *node {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	bpffs := filepath.Join(dir, "bpf")
 	tb.Cleanup(func() {
-		_ = unix.Unmount(dir, unix.MNT_DETACH)
-		os.RemoveAll(dir)
+		// The manager mounted a bpffs on it; pins and maps go with the mount.
+		if err := unix.Unmount(bpffs, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			tb.Errorf("unmount %s: %v", bpffs, err)
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			tb.Errorf("remove %s: %v", dir, err)
+		}
 	})
-	return &node{ns: ns, uplink: up, bpffs: filepath.Join(dir, "bpf")}
+	return &node{ns: ns, uplink: up, bpffs: bpffs}
 }
 
 // in runs fn on a thread inside the node's namespace.
