@@ -19,28 +19,24 @@ import (
 // started with `ip netns exec` sees an empty /sys/fs/bpf on sysfs (TESTBED.md): mounting
 // a bpffs on the instance directory keeps pins working there too, though such a mount
 // lives only as long as that mount namespace.
-func ensureBPFFS(dir string) (mounted bool, err error) {
+func ensureBPFFS(dir string) error {
 	// A host without a bpffs on /sys/fs/bpf (sysfs refuses mkdir there) gets one, as
 	// systemd would mount it.
 	if rel, err := filepath.Rel(sysBPF, dir); err == nil && !strings.HasPrefix(rel, "..") && !isBPFFS(sysBPF) {
 		if err := unix.Mount("bpf", sysBPF, "bpf", 0, "mode=0700"); err != nil {
-			return false, fmt.Errorf("mount bpffs on %s: %w", sysBPF, err)
+			return fmt.Errorf("mount bpffs on %s: %w", sysBPF, err)
 		}
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return false, fmt.Errorf("create bpffs directory: %w", err)
+		return fmt.Errorf("create bpffs directory: %w", err)
 	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		return false, fmt.Errorf("statfs %s: %w", dir, err)
-	}
-	if st.Type == unix.BPF_FS_MAGIC {
-		return false, nil
+	if isBPFFS(dir) {
+		return nil
 	}
 	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
-		return false, fmt.Errorf("mount bpffs on %s: %w", dir, err)
+		return fmt.Errorf("mount bpffs on %s: %w", dir, err)
 	}
-	return true, nil
+	return nil
 }
 
 const sysBPF = "/sys/fs/bpf"

@@ -84,7 +84,7 @@ func Open(cfg Config, log hclog.Logger) (*Manager, error) {
 	if len(cfg.Interfaces) == 0 {
 		return nil, errors.New("datapath: no interface to attach to")
 	}
-	if _, err := ensureBPFFS(cfg.BPFFSDir); err != nil {
+	if err := ensureBPFFS(cfg.BPFFSDir); err != nil {
 		return nil, err
 	}
 	for _, d := range []string{cfg.linksDir(), cfg.lbDir(), cfg.backendDir()} {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
@@ -85,78 +86,75 @@ func (s *Store) runtime(name string) *serviceRuntime {
 	return rt
 }
 
+// editRuntime changes a service's output-only data under the store's locks and tells
+// listeners. edit returns whether anything changed and whether the change leaves the
+// datapath alone (status-only), or an error that is returned as is.
+func (s *Store) editRuntime(name string, edit func(svc *lbdv1.Service, rt *serviceRuntime) (changed, statusOnly bool, err error)) error {
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	s.mu.Lock()
+	svc, ok := s.services[name]
+	if !ok {
+		s.mu.Unlock()
+		return notFound("service %q not found", name)
+	}
+	changed, statusOnly, err := edit(svc, s.runtime(name))
+	if err != nil || !changed {
+		s.mu.Unlock()
+		return err
+	}
+	s.status[name].updated = time.Now()
+	ev := Event{Type: Modified, Name: name, Service: s.withStatus(svc), StatusOnly: statusOnly}
+	s.mu.Unlock()
+	s.notify([]Event{ev})
+	return nil
+}
+
 // ReportDatapath records that the datapath programmed revision of a service, with an
 // error or with each backend's share of the Maglev table. Reports for a service that no
 // longer exists or for an older revision than already reported are ignored with
 // ErrStaleRevision.
 func (s *Store) ReportDatapath(name string, revision uint64, err error, tableSlots map[uint32]uint32) error {
-	s.writeMu.Lock()
-	defer s.writeMu.Unlock()
-	s.mu.Lock()
-	svc, ok := s.services[name]
-	if !ok || revision > svc.Revision || (s.status[name] != nil && revision < s.status[name].appliedRevision) {
-		s.mu.Unlock()
+	rerr := s.editRuntime(name, func(svc *lbdv1.Service, rt *serviceRuntime) (bool, bool, error) {
+		if revision > svc.Revision || revision < rt.appliedRevision {
+			return false, false, ErrStaleRevision
+		}
+		rt.appliedRevision, rt.datapathErr, rt.tableSlots = revision, "", tableSlots
+		if err != nil {
+			rt.datapathErr = err.Error()
+		}
+		return true, true, nil
+	})
+	if Code(rerr) == codes.NotFound {
 		return ErrStaleRevision
 	}
-	rt := s.runtime(name)
-	rt.appliedRevision, rt.updated = revision, time.Now()
-	rt.datapathErr = ""
-	if err != nil {
-		rt.datapathErr = err.Error()
-	}
-	rt.tableSlots = tableSlots
-	ev := Event{Type: Modified, Name: name, Service: s.withStatus(svc), StatusOnly: true}
-	s.mu.Unlock()
-	s.notify([]Event{ev})
-	return nil
+	return rerr
 }
 
 // SetAdvertised records whether the BGP advertiser announces the service's VIP, and
-// why (or why not). It only changes output-only status.
+// why (or why not). It only changes output-only status, and tells listeners only when
+// something changed.
 func (s *Store) SetAdvertised(name string, advertised bool, reason string) error {
-	s.writeMu.Lock()
-	defer s.writeMu.Unlock()
-	s.mu.Lock()
-	svc, ok := s.services[name]
-	if !ok {
-		s.mu.Unlock()
-		return notFound("service %q not found", name)
-	}
-	rt := s.runtime(name)
-	if rt.hasAdvertise && rt.advertised == advertised && rt.advertiseReason == reason {
-		s.mu.Unlock()
-		return nil
-	}
-	rt.hasAdvertise, rt.advertised, rt.advertiseReason = true, advertised, reason
-	rt.updated = time.Now()
-	ev := Event{Type: Modified, Name: name, Service: s.withStatus(svc), StatusOnly: true}
-	s.mu.Unlock()
-	s.notify([]Event{ev})
-	return nil
+	return s.editRuntime(name, func(_ *lbdv1.Service, rt *serviceRuntime) (bool, bool, error) {
+		if rt.hasAdvertise && rt.advertised == advertised && rt.advertiseReason == reason {
+			return false, true, nil
+		}
+		rt.hasAdvertise, rt.advertised, rt.advertiseReason = true, advertised, reason
+		return true, true, nil
+	})
 }
 
 // SetBackendHealth records the health of a backend (by ID) of a service. The health
 // checker calls it on every transition.
 func (s *Store) SetBackendHealth(name string, backendID uint32, h *lbdv1.BackendHealth) error {
-	s.writeMu.Lock()
-	defer s.writeMu.Unlock()
-	s.mu.Lock()
-	svc, ok := s.services[name]
-	if !ok {
-		s.mu.Unlock()
-		return notFound("service %q not found", name)
-	}
-	rt := s.runtime(name)
-	before := rt.health[backendID]
-	rt.health[backendID] = proto.Clone(h).(*lbdv1.BackendHealth)
-	rt.updated = time.Now()
-	// UNKNOWN→UP (every backend's first passing probe) changes no table: only a change
-	// of usability needs the reconciler.
-	down := func(h *lbdv1.BackendHealth) bool { return h.GetState() == lbdv1.HealthState_HEALTH_STATE_DOWN }
-	ev := Event{Type: Modified, Name: name, Service: s.withStatus(svc), StatusOnly: down(before) == down(h)}
-	s.mu.Unlock()
-	s.notify([]Event{ev})
-	return nil
+	return s.editRuntime(name, func(_ *lbdv1.Service, rt *serviceRuntime) (bool, bool, error) {
+		before := rt.health[backendID]
+		rt.health[backendID] = proto.Clone(h).(*lbdv1.BackendHealth)
+		// UNKNOWN→UP (every backend's first passing probe) changes no table: only a
+		// change of usability needs the reconciler.
+		down := func(h *lbdv1.BackendHealth) bool { return h.GetState() == lbdv1.HealthState_HEALTH_STATE_DOWN }
+		return true, down(before) == down(h), nil
+	})
 }
 
 // notify hands events to every listener. Caller holds writeMu (so events arrive in commit

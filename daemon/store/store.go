@@ -233,13 +233,6 @@ func (s *Store) restore(st *statev1.State) error {
 	return nil
 }
 
-// AddListener registers l for every later change. Use Snapshot first to learn the
-// current state; SnapshotAndListen does both atomically.
-func (s *Store) AddListener(l Listener) func() {
-	_, cancel := s.SnapshotAndListen(l)
-	return cancel
-}
-
 // SnapshotAndListen returns the current services and registers l for every change after
 // them, with no change lost or seen twice in between. The returned function unregisters l.
 func (s *Store) SnapshotAndListen(l Listener) ([]*lbdv1.Service, func()) {

@@ -148,7 +148,8 @@ func TestFailedWriteLeavesStateUnchanged(t *testing.T) {
 		t.Fatal(err)
 	}
 	var events int
-	s.AddListener(func(evs []Event) { events += len(evs) })
+	_, stop := s.SnapshotAndListen(func(evs []Event) { events += len(evs) })
+	defer stop()
 	// A directory where the temporary file should go makes every write fail.
 	if err := os.Chmod(dir, 0o500); err != nil {
 		t.Fatal(err)
