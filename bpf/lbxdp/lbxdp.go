@@ -181,6 +181,18 @@ func (d *Datapath) Close() error {
 // by the Datapath.
 func (d *Datapath) Program() *ebpf.Program { return d.objs.LbXdp }
 
+// StateMaps returns the maps of lbstate.h by name: the service state that the socket-level
+// programs (bpf/socklb) read too. They stay owned by the Datapath, the only writer.
+func (d *Datapath) StateMaps() map[string]*ebpf.Map {
+	return map[string]*ebpf.Map{
+		"lb_vips":     d.objs.LbVips,
+		"lb_services": d.objs.LbServices,
+		"lb_maglev":   d.objs.LbMaglev,
+		"lb_backends": d.objs.LbBackends,
+		"lb_cfg":      d.objs.LbCfg,
+	}
+}
+
 // Options returns the options the Datapath was loaded with, defaults filled in.
 func (d *Datapath) Options() Options { return d.opts }
 
