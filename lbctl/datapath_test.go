@@ -24,6 +24,9 @@ type fakeDatapath struct {
 	trace *lbdv1.TraceFlowResponse
 	conns *lbdv1.ListConnectionsResponse
 	stats *lbdv1.GetStatsResponse
+	socks *lbdv1.ListSocketTranslationsResponse
+	// sockAgo sets the creation time of socks' entries relative to the time of the call.
+	sockAgo []time.Duration
 	// seenAgo sets the last-seen time of conns' entries relative to the time of the call;
 	// entries beyond it keep no time.
 	seenAgo []time.Duration
@@ -31,6 +34,7 @@ type fakeDatapath struct {
 	mu       sync.Mutex
 	traces   []*lbdv1.TraceFlowRequest
 	lists    []*lbdv1.ListConnectionsRequest
+	sockReqs []*lbdv1.ListSocketTranslationsRequest
 	statsN   int
 	detaches int
 	detached bool
@@ -50,6 +54,17 @@ func (f *fakeDatapath) ListConnections(_ context.Context, r *lbdv1.ListConnectio
 	resp := proto.Clone(f.conns).(*lbdv1.ListConnectionsResponse)
 	for i, ago := range f.seenAgo {
 		resp.Connections[i].LastSeenTime = timestamppb.New(time.Now().Add(-ago))
+	}
+	return resp, nil
+}
+
+func (f *fakeDatapath) ListSocketTranslations(_ context.Context, r *lbdv1.ListSocketTranslationsRequest) (*lbdv1.ListSocketTranslationsResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.sockReqs = append(f.sockReqs, r)
+	resp := proto.Clone(f.socks).(*lbdv1.ListSocketTranslationsResponse)
+	for i, ago := range f.sockAgo {
+		resp.Translations[i].CreateTime = timestamppb.New(time.Now().Add(-ago))
 	}
 	return resp, nil
 }
@@ -246,6 +261,53 @@ func TestConntrackListEmpty(t *testing.T) {
 	srv := startFake(t, &fakeDatapath{conns: &lbdv1.ListConnectionsResponse{}})
 	if got := ok(t, srv, "conntrack", "list", "--client", "198.51.100.1"); got != "No connections.\n" {
 		t.Errorf("conntrack list with no match: %q", got)
+	}
+}
+
+func TestSocketList(t *testing.T) {
+	t.Parallel()
+	f := &fakeDatapath{
+		socks: &lbdv1.ListSocketTranslationsResponse{Truncated: true, Translations: []*lbdv1.SocketTranslation{
+			{SocketCookie: 9, Protocol: lbdv1.Protocol_PROTOCOL_UDP, ServiceName: "dns", Vip: "203.0.113.10", VipPort: 53,
+				BackendAddress: "198.18.1.11", BackendPort: 5353},
+			{SocketCookie: 4, Protocol: lbdv1.Protocol_PROTOCOL_TCP, ServiceName: "web6", Vip: "2001:db8::10", VipPort: 443,
+				BackendAddress: "2001:db8::20", BackendPort: 8443},
+			{SocketCookie: 7, Protocol: lbdv1.Protocol_PROTOCOL_TCP, Vip: "203.0.113.10", VipPort: 53,
+				BackendAddress: "198.18.1.10", BackendPort: 53},
+		}},
+		sockAgo: []time.Duration{90 * time.Second, 0, 26*time.Hour + 3*time.Minute},
+	}
+	srv := startFake(t, f)
+	out := ok(t, srv, "socket", "list", "--vip", "2001:DB8:0::10", "--backend", "2001:db8::20", "--limit", "3")
+	body, note, found := strings.Cut(out, "\n\n")
+	if !found || note != "Truncated: more entries matched than the 3 shown; narrow with --vip or --backend, or raise --limit.\n" {
+		t.Errorf("socket list does not end with the truncation note:\n%s", out)
+	}
+	rows := table(t, body+"\n")
+	want := [][]string{
+		{"COOKIE", "PROTO", "SERVICE", "VIP", "BACKEND", "AGE"},
+		{"7", "tcp", "-", "203.0.113.10:53", "198.18.1.10:53", "1d 02:03:0"},
+		{"9", "udp", "dns", "203.0.113.10:53", "198.18.1.11:5353", "00:01:3"},
+		{"4", "tcp", "web6", "[2001:db8::10]:443", "[2001:db8::20]:8443", "00:00:0"},
+	}
+	if len(rows) != len(want) {
+		t.Fatalf("socket list has %d rows, want %d:\n%s", len(rows), len(want), out)
+	}
+	for i := range want {
+		got := strings.Join(rows[i], "|")
+		if w := strings.Join(want[i], "|"); got != w && (i == 0 || len(got) != len(w)+1 || !strings.HasPrefix(got, w)) {
+			t.Errorf("row %d: %q, want %q", i, got, w)
+		}
+	}
+	f.mu.Lock()
+	reqs := slices.Clone(f.sockReqs)
+	f.mu.Unlock()
+	wantReq := &lbdv1.ListSocketTranslationsRequest{Vip: "2001:db8::10", BackendAddress: "2001:db8::20", Limit: 3}
+	if len(reqs) != 1 || !proto.Equal(reqs[0], wantReq) {
+		t.Errorf("requests %v, want %v", reqs, wantReq)
+	}
+	if r := lbctl(t, srv, "socket", "list", "--vip", "web"); r.code != ExitUsage || !strings.Contains(r.stderr, "--vip") {
+		t.Errorf("socket list --vip web: exit %d, stderr %q", r.code, r.stderr)
 	}
 }
 

@@ -151,6 +151,7 @@ counters, tracked connections and flow traces.`,
 		a.bgpCommand(),
 		a.statsCommand(),
 		a.conntrackCommand(),
+		a.socketCommand(),
 		a.traceCommand(),
 		a.versionCommand(),
 	)

@@ -4,6 +4,7 @@ package api
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -21,6 +22,7 @@ type Datapath interface {
 	TraceFlow(context.Context, *lbdv1.TraceFlowRequest) (*lbdv1.TraceFlowResponse, error)
 	ListConnections(context.Context, *lbdv1.ListConnectionsRequest) (*lbdv1.ListConnectionsResponse, error)
 	GetStats(context.Context, *lbdv1.GetStatsRequest) (*lbdv1.GetStatsResponse, error)
+	ListSocketTranslations(context.Context, *lbdv1.ListSocketTranslationsRequest) (*lbdv1.ListSocketTranslationsResponse, error)
 	Detach(context.Context) error
 	Attached() bool
 }
@@ -230,6 +232,24 @@ func (s *Server) ListConnections(ctx context.Context, r *lbdv1.ListConnectionsRe
 		return nil, unimplemented("ListConnections")
 	}
 	return s.opts.Datapath.ListConnections(ctx, r)
+}
+
+// ListSocketTranslations implements lbdv1.LoadBalancerServiceServer.
+func (s *Server) ListSocketTranslations(ctx context.Context, r *lbdv1.ListSocketTranslationsRequest) (*lbdv1.ListSocketTranslationsResponse, error) {
+	if s.opts.Datapath == nil {
+		return nil, unimplemented("ListSocketTranslations")
+	}
+	if r.Vip != "" {
+		if _, err := netip.ParseAddr(r.Vip); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "vip: %q is not an IP address", r.Vip)
+		}
+	}
+	if r.BackendAddress != "" {
+		if _, err := netip.ParseAddr(r.BackendAddress); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "backend_address: %q is not an IP address", r.BackendAddress)
+		}
+	}
+	return s.opts.Datapath.ListSocketTranslations(ctx, r)
 }
 
 // GetStats implements lbdv1.LoadBalancerServiceServer.

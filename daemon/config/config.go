@@ -60,6 +60,22 @@ type Datapath struct {
 	// NAT entries on backend nodes expire after this idle time (closing TCP: the second).
 	NATIdleTimeout    Duration `json:"nat_idle_timeout"`
 	NATClosingTimeout Duration `json:"nat_closing_timeout"`
+	// SocketLB translates the connections of local processes to services at the socket,
+	// on any node (any role, or none): their first packet already goes to a backend.
+	SocketLB SocketLB `json:"socket_lb"`
+}
+
+// SocketLB configures socket-level load balancing (cgroup v2 connect, sendmsg, recvmsg
+// and getpeername hooks).
+type SocketLB struct {
+	// Enabled attaches the socket-level programs.
+	Enabled bool `json:"enabled"`
+	// Cgroup is the cgroup v2 directory whose processes (descendants included) are
+	// translated; empty: the root of the cgroup v2 hierarchy, i.e. every process.
+	Cgroup string `json:"cgroup"`
+	// Translations is how many translated sockets (per backend they talk to) are kept
+	// for the reverse translation of recvmsg and getpeername.
+	Translations uint32 `json:"translations"`
 }
 
 // Duration is a time.Duration written as a Go duration string ("90s", "1h").
@@ -125,6 +141,7 @@ func Default() Config {
 			GCMaxInterval:     Duration(time.Minute),
 			NATIdleTimeout:    Duration(time.Hour),
 			NATClosingTimeout: Duration(time.Minute),
+			SocketLB:          SocketLB{Translations: 1 << 18},
 		},
 		MetricsListen: "127.0.0.1:9310",
 	}
@@ -244,6 +261,14 @@ func (d Datapath) validate(anyRole, backend bool) []error {
 	}
 	if d.NATIdleTimeout <= 0 || d.NATClosingTimeout <= 0 {
 		errs = append(errs, errors.New("datapath: nat_idle_timeout and nat_closing_timeout must be positive"))
+	}
+	if s := d.SocketLB; s.Enabled {
+		if s.Cgroup != "" && !filepath.IsAbs(s.Cgroup) {
+			errs = append(errs, fmt.Errorf("datapath.socket_lb.cgroup: %q must be an absolute path", s.Cgroup))
+		}
+		if s.Translations < 1024 {
+			errs = append(errs, fmt.Errorf("datapath.socket_lb.translations: %d must be at least 1024", s.Translations))
+		}
 	}
 	return errs
 }

@@ -194,6 +194,14 @@ func TestValidate(t *testing.T) {
 		{"tiny conntrack", func(c *config.Config) { c.Datapath.ConntrackSize = 10 }, []string{"conntrack_size"}},
 		{"gc bounds", func(c *config.Config) { c.Datapath.GCMaxInterval = config.Duration(time.Millisecond) }, []string{"gc_min_interval"}},
 		{"nat timeout", func(c *config.Config) { c.Datapath.NATIdleTimeout = 0 }, []string{"nat_idle_timeout"}},
+		{"socket lb without role", func(c *config.Config) { c.Datapath.SocketLB.Enabled = true }, nil},
+		{"socket lb relative cgroup", func(c *config.Config) {
+			c.Datapath.SocketLB = config.SocketLB{Enabled: true, Cgroup: "lbd", Translations: 4096}
+		}, []string{"datapath.socket_lb.cgroup", `"lbd"`}},
+		{"socket lb tiny table", func(c *config.Config) {
+			c.Datapath.SocketLB = config.SocketLB{Enabled: true, Translations: 10}
+		}, []string{"datapath.socket_lb.translations"}},
+		{"socket lb off ignores its fields", func(c *config.Config) { c.Datapath.SocketLB = config.SocketLB{Cgroup: "lbd"} }, nil},
 		{"metrics listen", func(c *config.Config) { c.MetricsListen = "9310" }, []string{"metrics_listen"}},
 		{"total backends below per-service", func(c *config.Config) { c.Limits.MaxBackends = 10 }, []string{"max_backends"}},
 		{"unknown role", func(c *config.Config) { c.Roles = []string{"router"} }, []string{"roles", "router"}},

@@ -299,5 +299,8 @@ func (m *Manager) GetStats(context.Context, *lbdv1.GetStatsRequest) (*lbdv1.GetS
 			resp.Reasons = append(resp.Reasons, &lbdv1.Counter{Name: "backend_" + c.String(), Packets: cs[c]})
 		}
 	}
+	if err := m.socketCounters(resp); err != nil {
+		return nil, status.Errorf(codes.Internal, "read counters: %v", err)
+	}
 	return resp, nil
 }

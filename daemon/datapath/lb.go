@@ -132,6 +132,9 @@ func (m *Manager) write(old, want *programmed) error {
 			return err
 		}
 	}
+	if err := m.purgeSocketAffinity(want); err != nil {
+		return err
+	}
 	return m.writeAfter(old, want)
 }
 

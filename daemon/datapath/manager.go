@@ -22,6 +22,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/lbd-dev/lbd/bpf/backendtc"
 	"github.com/lbd-dev/lbd/bpf/lbxdp"
+	"github.com/lbd-dev/lbd/bpf/socklb"
 	"github.com/lbd-dev/lbd/daemon/gc"
 	"github.com/vishvananda/netlink"
 )
@@ -49,6 +50,12 @@ type Config struct {
 	GC gc.Interval
 	// NATIdleTimeout and NATClosingTimeout expire NAT entries on backend nodes.
 	NATIdleTimeout, NATClosingTimeout time.Duration
+	// SocketLB attaches the socket-level programs (package socklb) to SocketCgroup (empty:
+	// the root of the cgroup v2 hierarchy). They read the LB maps, which are then loaded
+	// and written on any node, with XDP attached only on LB nodes.
+	SocketLB         bool
+	SocketCgroup     string
+	SocketRevNATSize uint32
 }
 
 // Manager is the loaded, attached datapath of a node.
@@ -56,8 +63,9 @@ type Manager struct {
 	cfg Config
 	log hclog.Logger
 
-	lb *lbxdp.Datapath
-	be *backendtc.Datapath
+	lb   *lbxdp.Datapath
+	be   *backendtc.Datapath
+	sock *socklb.Datapath
 
 	mu       sync.Mutex
 	links    map[string]link.Link // by pin name
@@ -73,21 +81,22 @@ type Manager struct {
 func (c Config) linksDir() string   { return filepath.Join(c.BPFFSDir, "links") }
 func (c Config) lbDir() string      { return filepath.Join(c.BPFFSDir, "lb") }
 func (c Config) backendDir() string { return filepath.Join(c.BPFFSDir, "backend") }
+func (c Config) socketDir() string  { return filepath.Join(c.BPFFSDir, "socket") }
 
 // Open loads the programs, adopting maps and links pinned by an earlier daemon (a program
 // that changed replaces the old one through its pinned link, with no detach window), and
 // attaches them to the interfaces.
 func Open(cfg Config, log hclog.Logger) (*Manager, error) {
-	if !cfg.LB && !cfg.Backend {
-		return nil, errors.New("datapath: no role")
+	if !cfg.LB && !cfg.Backend && !cfg.SocketLB {
+		return nil, errors.New("datapath: no role and no socket-level load balancing")
 	}
-	if len(cfg.Interfaces) == 0 {
+	if (cfg.LB || cfg.Backend) && len(cfg.Interfaces) == 0 {
 		return nil, errors.New("datapath: no interface to attach to")
 	}
 	if err := ensureBPFFS(cfg.BPFFSDir); err != nil {
 		return nil, err
 	}
-	for _, d := range []string{cfg.linksDir(), cfg.lbDir(), cfg.backendDir()} {
+	for _, d := range []string{cfg.linksDir(), cfg.lbDir(), cfg.backendDir(), cfg.socketDir()} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("create pin directory: %w", err)
 		}
@@ -101,8 +110,10 @@ func Open(cfg Config, log hclog.Logger) (*Manager, error) {
 		}
 		ifaces = append(ifaces, l)
 	}
-	m.ifindex = ifaces[0].Attrs().Index
-	if cfg.LB {
+	if len(ifaces) > 0 {
+		m.ifindex = ifaces[0].Attrs().Index
+	}
+	if cfg.LB || cfg.SocketLB {
 		if err := m.openLB(ifaces); err != nil {
 			m.Close()
 			return nil, err
@@ -114,13 +125,20 @@ func Open(cfg Config, log hclog.Logger) (*Manager, error) {
 			return nil, err
 		}
 	}
+	if err := m.openSocket(); err != nil {
+		m.Close()
+		return nil, err
+	}
 	m.attached = true
 	return m, nil
 }
 
 // learnedMaps hold state only the datapath knows; all other maps are rebuilt from the
 // desired state by Sync.
-var learnedMaps = map[string]bool{"lb_conntrack": true, "lb_affinity": true, "betc_nat": true}
+var learnedMaps = map[string]bool{
+	"lb_conntrack": true, "lb_affinity": true, "betc_nat": true,
+	"sk_revnat": true, "sk_udp_backend": true, "sk_affinity": true,
+}
 
 // loadWithMigration loads a program's maps from dir, first moving aside pinned maps that
 // no longer fit spec; their entries are then copied into the new maps.
@@ -170,7 +188,7 @@ func (m *Manager) openLB(ifaces []netlink.Link) error {
 	}
 	c.HashSeed, c.VNI = m.cfg.HashSeed, m.cfg.VNI
 	c.Source4, c.Source6 = m.cfg.Underlay4, m.cfg.Underlay6
-	if !c.Source4.IsValid() || !c.Source6.IsValid() {
+	if len(ifaces) > 0 && (!c.Source4.IsValid() || !c.Source6.IsValid()) {
 		a4, a6 := firstAddrs(ifaces[0])
 		if !c.Source4.IsValid() {
 			c.Source4 = a4
@@ -183,6 +201,9 @@ func (m *Manager) openLB(ifaces []netlink.Link) error {
 		return fmt.Errorf("configure XDP datapath: %w", err)
 	}
 	for _, ifc := range ifaces {
+		if !m.cfg.LB {
+			break // the maps serve socket-level load balancing only
+		}
 		a := ifc.Attrs()
 		err := m.attach("xdp-"+a.Name, m.lb.Program(), func() (link.Link, error) { return m.lb.Attach(a.Index) })
 		if err != nil {
@@ -302,7 +323,7 @@ func (m *Manager) Detach(context.Context) error {
 		}
 		delete(m.links, name)
 	}
-	for _, d := range []string{m.cfg.lbDir(), m.cfg.backendDir(), m.cfg.linksDir()} {
+	for _, d := range []string{m.cfg.lbDir(), m.cfg.backendDir(), m.cfg.socketDir(), m.cfg.linksDir()} {
 		if err := os.RemoveAll(d); err != nil {
 			errs = append(errs, fmt.Errorf("remove pins: %w", err))
 		}
@@ -325,7 +346,7 @@ func DetachDir(dir string) error {
 			errs = append(errs, err)
 		}
 	}
-	for _, d := range []string{"lb", "backend", "links"} {
+	for _, d := range []string{"lb", "backend", "socket", "links"} {
 		if err := os.RemoveAll(filepath.Join(dir, d)); err != nil {
 			errs = append(errs, err)
 		}
@@ -348,6 +369,9 @@ func (m *Manager) Close() error {
 	}
 	if m.be != nil {
 		errs = append(errs, m.be.Close())
+	}
+	if m.sock != nil {
+		errs = append(errs, m.sock.Close())
 	}
 	return errors.Join(errs...)
 }

@@ -135,6 +135,8 @@ func parseFlags(args []string, stderr io.Writer) (config.Config, bool, error) {
 	hashSeed := fs.Uint("hash-seed", 0, "flow-hash seed, the same on every LB node")
 	ctSize := fs.Uint("conntrack-size", 0, "LB conntrack table size in flows")
 	metricsListen := fs.String("metrics-listen", "", "Prometheus /metrics address (empty: off)")
+	socketLB := fs.Bool("socket-lb", false, "translate local processes' connections to services at the socket (any role)")
+	socketCgroup := fs.String("socket-lb-cgroup", "", "cgroup v2 directory whose processes socket-level load balancing translates (default: the root; implies --socket-lb)")
 	detach := fs.Bool("detach", false, "remove the datapath pinned under the bpffs directory and exit")
 	if err := fs.Parse(args); err != nil {
 		return config.Config{}, false, err
@@ -191,6 +193,13 @@ func parseFlags(args []string, stderr io.Writer) (config.Config, bool, error) {
 		}
 		cfg.Datapath.ConntrackSize = uint32(*ctSize)
 	}
+	if set["socket-lb"] {
+		cfg.Datapath.SocketLB.Enabled = *socketLB
+	}
+	if set["socket-lb-cgroup"] {
+		cfg.Datapath.SocketLB.Enabled = true
+		cfg.Datapath.SocketLB.Cgroup = *socketCgroup
+	}
 	if set["role"] {
 		switch *role {
 		case "both":
@@ -211,9 +220,13 @@ func parseFlags(args []string, stderr io.Writer) (config.Config, bool, error) {
 func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 	path := filepath.Join(cfg.StateDir, StateFileName)
 	reason := ""
-	if len(cfg.Roles) == 0 {
+	socketLB := cfg.Datapath.SocketLB.Enabled
+	switch {
+	case socketLB:
+		// Services are programmed here too: socket-level load balancing reads the LB maps.
+	case len(cfg.Roles) == 0:
 		reason = "no datapath: this lbd runs the control plane only (no --role)"
-	} else if !slices.Contains(cfg.Roles, config.RoleLB) {
+	case !slices.Contains(cfg.Roles, config.RoleLB):
 		reason = "programmed on LB nodes; this node is a backend node"
 	}
 	st, err := store.Open(store.Options{
@@ -242,7 +255,7 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 	// its graceful-restart peers to keep our routes until we re-announce them.
 	_, statErr := os.Stat(filepath.Join(cfg.Datapath.BPFFSDir, "links"))
 	restarting := statErr == nil && len(cfg.Roles) > 0
-	if len(cfg.Roles) > 0 {
+	if len(cfg.Roles) > 0 || socketLB {
 		if mgr, err = datapath.Open(dcfg, log.Named("datapath")); err != nil {
 			return fmt.Errorf("open datapath: %w", err)
 		}
@@ -296,9 +309,10 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 			defer workers.Done()
 			mgr.RunGC(ctx, met.ObserveGC)
 		}()
-		// LB nodes probe backends; every LB node probes for itself and, seeing the same
-		// backends, converges on the same tables.
-		if dcfg.LB {
+		// Nodes that choose backends (LB nodes, socket-level load balancing) probe them;
+		// each probes for itself and, seeing the same backends, converges on the same
+		// tables.
+		if dcfg.LB || dcfg.SocketLB {
 			workers.Add(1)
 			go func() {
 				defer workers.Done()
@@ -455,6 +469,9 @@ func datapathConfig(cfg config.Config) (datapath.Config, error) {
 		GC:                gc.Interval{Min: time.Duration(d.GCMinInterval), Max: time.Duration(d.GCMaxInterval), Start: time.Duration(d.GCMinInterval) * 10},
 		NATIdleTimeout:    time.Duration(d.NATIdleTimeout),
 		NATClosingTimeout: time.Duration(d.NATClosingTimeout),
+		SocketLB:          d.SocketLB.Enabled,
+		SocketCgroup:      d.SocketLB.Cgroup,
+		SocketRevNATSize:  d.SocketLB.Translations,
 	}
 	dc.GC.Start = min(max(dc.GC.Start, dc.GC.Min), dc.GC.Max)
 	if d.UnderlayV4 != "" {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -136,10 +137,11 @@ var (
 	beBytes    = prometheus.NewDesc("lbd_backend_bytes_total", "Bytes forwarded to a backend.", []string{"service", "backend"}, nil)
 	beFlows    = prometheus.NewDesc("lbd_backend_new_flows_total", "New flows balanced to a backend.", []string{"service", "backend"}, nil)
 	events     = prometheus.NewDesc("lbd_datapath_packets_total", "Datapath packets by event or drop reason.", []string{"reason"}, nil)
+	sockEvents = prometheus.NewDesc("lbd_socket_lb_calls_total", "Socket calls of local processes handled by socket-level load balancing, by event (connect, sendmsg, reverse, no_backend, revnat_full).", []string{"event"}, nil)
 )
 
 func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{svcPackets, svcBytes, svcFlows, bePackets, beBytes, beFlows, events} {
+	for _, d := range []*prometheus.Desc{svcPackets, svcBytes, svcFlows, bePackets, beBytes, beFlows, events, sockEvents} {
 		ch <- d
 	}
 }
@@ -162,6 +164,11 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	for _, r := range st.Reasons {
+		// Socket-level counters count calls, not packets (see datapath.socketCounters).
+		if ev, ok := strings.CutPrefix(r.Name, "socket_"); ok {
+			ch <- prometheus.MustNewConstMetric(sockEvents, prometheus.CounterValue, float64(r.Packets), ev)
+			continue
+		}
 		ch <- prometheus.MustNewConstMetric(events, prometheus.CounterValue, float64(r.Packets), r.Name)
 	}
 }

@@ -2730,6 +2730,226 @@ func (x *ListConnectionsResponse) GetTruncated() bool {
 	return false
 }
 
+type ListSocketTranslationsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Filters; empty matches all.
+	Vip            string `protobuf:"bytes,1,opt,name=vip,proto3" json:"vip,omitempty"`
+	BackendAddress string `protobuf:"bytes,2,opt,name=backend_address,json=backendAddress,proto3" json:"backend_address,omitempty"`
+	// At most this many entries; 0 means 1000.
+	Limit         uint32 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSocketTranslationsRequest) Reset() {
+	*x = ListSocketTranslationsRequest{}
+	mi := &file_lbd_v1_lbd_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSocketTranslationsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSocketTranslationsRequest) ProtoMessage() {}
+
+func (x *ListSocketTranslationsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_lbd_v1_lbd_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSocketTranslationsRequest.ProtoReflect.Descriptor instead.
+func (*ListSocketTranslationsRequest) Descriptor() ([]byte, []int) {
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *ListSocketTranslationsRequest) GetVip() string {
+	if x != nil {
+		return x.Vip
+	}
+	return ""
+}
+
+func (x *ListSocketTranslationsRequest) GetBackendAddress() string {
+	if x != nil {
+		return x.BackendAddress
+	}
+	return ""
+}
+
+func (x *ListSocketTranslationsRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+// SocketTranslation is one local socket whose destination a service was translated to a
+// backend: a connected socket, or an unconnected UDP socket and one backend it sent to.
+type SocketTranslation struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The socket's cookie (SO_COOKIE), unique per socket while the node runs.
+	SocketCookie uint64   `protobuf:"varint,1,opt,name=socket_cookie,json=socketCookie,proto3" json:"socket_cookie,omitempty"`
+	Protocol     Protocol `protobuf:"varint,2,opt,name=protocol,proto3,enum=lbd.v1.Protocol" json:"protocol,omitempty"`
+	// The service as the application addressed it.
+	ServiceName string `protobuf:"bytes,3,opt,name=service_name,json=serviceName,proto3" json:"service_name,omitempty"`
+	Vip         string `protobuf:"bytes,4,opt,name=vip,proto3" json:"vip,omitempty"`
+	VipPort     uint32 `protobuf:"varint,5,opt,name=vip_port,json=vipPort,proto3" json:"vip_port,omitempty"`
+	// Where the socket's packets go.
+	BackendAddress string                 `protobuf:"bytes,6,opt,name=backend_address,json=backendAddress,proto3" json:"backend_address,omitempty"`
+	BackendPort    uint32                 `protobuf:"varint,7,opt,name=backend_port,json=backendPort,proto3" json:"backend_port,omitempty"`
+	CreateTime     *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *SocketTranslation) Reset() {
+	*x = SocketTranslation{}
+	mi := &file_lbd_v1_lbd_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SocketTranslation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SocketTranslation) ProtoMessage() {}
+
+func (x *SocketTranslation) ProtoReflect() protoreflect.Message {
+	mi := &file_lbd_v1_lbd_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SocketTranslation.ProtoReflect.Descriptor instead.
+func (*SocketTranslation) Descriptor() ([]byte, []int) {
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *SocketTranslation) GetSocketCookie() uint64 {
+	if x != nil {
+		return x.SocketCookie
+	}
+	return 0
+}
+
+func (x *SocketTranslation) GetProtocol() Protocol {
+	if x != nil {
+		return x.Protocol
+	}
+	return Protocol_PROTOCOL_UNSPECIFIED
+}
+
+func (x *SocketTranslation) GetServiceName() string {
+	if x != nil {
+		return x.ServiceName
+	}
+	return ""
+}
+
+func (x *SocketTranslation) GetVip() string {
+	if x != nil {
+		return x.Vip
+	}
+	return ""
+}
+
+func (x *SocketTranslation) GetVipPort() uint32 {
+	if x != nil {
+		return x.VipPort
+	}
+	return 0
+}
+
+func (x *SocketTranslation) GetBackendAddress() string {
+	if x != nil {
+		return x.BackendAddress
+	}
+	return ""
+}
+
+func (x *SocketTranslation) GetBackendPort() uint32 {
+	if x != nil {
+		return x.BackendPort
+	}
+	return 0
+}
+
+func (x *SocketTranslation) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+type ListSocketTranslationsResponse struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Translations []*SocketTranslation   `protobuf:"bytes,1,rep,name=translations,proto3" json:"translations,omitempty"`
+	// True if more entries matched than were returned.
+	Truncated     bool `protobuf:"varint,2,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSocketTranslationsResponse) Reset() {
+	*x = ListSocketTranslationsResponse{}
+	mi := &file_lbd_v1_lbd_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSocketTranslationsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSocketTranslationsResponse) ProtoMessage() {}
+
+func (x *ListSocketTranslationsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_lbd_v1_lbd_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSocketTranslationsResponse.ProtoReflect.Descriptor instead.
+func (*ListSocketTranslationsResponse) Descriptor() ([]byte, []int) {
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *ListSocketTranslationsResponse) GetTranslations() []*SocketTranslation {
+	if x != nil {
+		return x.Translations
+	}
+	return nil
+}
+
+func (x *ListSocketTranslationsResponse) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
 type GetStatsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -2738,7 +2958,7 @@ type GetStatsRequest struct {
 
 func (x *GetStatsRequest) Reset() {
 	*x = GetStatsRequest{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[35]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2750,7 +2970,7 @@ func (x *GetStatsRequest) String() string {
 func (*GetStatsRequest) ProtoMessage() {}
 
 func (x *GetStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[35]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2763,7 +2983,7 @@ func (x *GetStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatsRequest.ProtoReflect.Descriptor instead.
 func (*GetStatsRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{35}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{38}
 }
 
 // Counter is one named datapath counter.
@@ -2778,7 +2998,7 @@ type Counter struct {
 
 func (x *Counter) Reset() {
 	*x = Counter{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[36]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2790,7 +3010,7 @@ func (x *Counter) String() string {
 func (*Counter) ProtoMessage() {}
 
 func (x *Counter) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[36]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2803,7 +3023,7 @@ func (x *Counter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Counter.ProtoReflect.Descriptor instead.
 func (*Counter) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{36}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Counter) GetName() string {
@@ -2841,7 +3061,7 @@ type ServiceStats struct {
 
 func (x *ServiceStats) Reset() {
 	*x = ServiceStats{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[37]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2853,7 +3073,7 @@ func (x *ServiceStats) String() string {
 func (*ServiceStats) ProtoMessage() {}
 
 func (x *ServiceStats) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[37]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2866,7 +3086,7 @@ func (x *ServiceStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceStats.ProtoReflect.Descriptor instead.
 func (*ServiceStats) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{37}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ServiceStats) GetServiceName() string {
@@ -2918,7 +3138,7 @@ type BackendStats struct {
 
 func (x *BackendStats) Reset() {
 	*x = BackendStats{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[38]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2930,7 +3150,7 @@ func (x *BackendStats) String() string {
 func (*BackendStats) ProtoMessage() {}
 
 func (x *BackendStats) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[38]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2943,7 +3163,7 @@ func (x *BackendStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackendStats.ProtoReflect.Descriptor instead.
 func (*BackendStats) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{38}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *BackendStats) GetAddress() string {
@@ -2992,7 +3212,7 @@ type GetStatsResponse struct {
 
 func (x *GetStatsResponse) Reset() {
 	*x = GetStatsResponse{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[39]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3004,7 +3224,7 @@ func (x *GetStatsResponse) String() string {
 func (*GetStatsResponse) ProtoMessage() {}
 
 func (x *GetStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[39]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3017,7 +3237,7 @@ func (x *GetStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatsResponse.ProtoReflect.Descriptor instead.
 func (*GetStatsResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{39}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *GetStatsResponse) GetServices() []*ServiceStats {
@@ -3062,7 +3282,7 @@ type BgpPeer struct {
 
 func (x *BgpPeer) Reset() {
 	*x = BgpPeer{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[40]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3074,7 +3294,7 @@ func (x *BgpPeer) String() string {
 func (*BgpPeer) ProtoMessage() {}
 
 func (x *BgpPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[40]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3087,7 +3307,7 @@ func (x *BgpPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpPeer.ProtoReflect.Descriptor instead.
 func (*BgpPeer) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{40}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *BgpPeer) GetAddress() string {
@@ -3177,7 +3397,7 @@ type BgpPeerStatus struct {
 
 func (x *BgpPeerStatus) Reset() {
 	*x = BgpPeerStatus{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[41]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3189,7 +3409,7 @@ func (x *BgpPeerStatus) String() string {
 func (*BgpPeerStatus) ProtoMessage() {}
 
 func (x *BgpPeerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[41]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3202,7 +3422,7 @@ func (x *BgpPeerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpPeerStatus.ProtoReflect.Descriptor instead.
 func (*BgpPeerStatus) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{41}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *BgpPeerStatus) GetState() BgpSessionState {
@@ -3256,7 +3476,7 @@ type CreateBgpPeerRequest struct {
 
 func (x *CreateBgpPeerRequest) Reset() {
 	*x = CreateBgpPeerRequest{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[42]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3268,7 +3488,7 @@ func (x *CreateBgpPeerRequest) String() string {
 func (*CreateBgpPeerRequest) ProtoMessage() {}
 
 func (x *CreateBgpPeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[42]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3281,7 +3501,7 @@ func (x *CreateBgpPeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateBgpPeerRequest.ProtoReflect.Descriptor instead.
 func (*CreateBgpPeerRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{42}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CreateBgpPeerRequest) GetPeer() *BgpPeer {
@@ -3300,7 +3520,7 @@ type CreateBgpPeerResponse struct {
 
 func (x *CreateBgpPeerResponse) Reset() {
 	*x = CreateBgpPeerResponse{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[43]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3312,7 +3532,7 @@ func (x *CreateBgpPeerResponse) String() string {
 func (*CreateBgpPeerResponse) ProtoMessage() {}
 
 func (x *CreateBgpPeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[43]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3325,7 +3545,7 @@ func (x *CreateBgpPeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateBgpPeerResponse.ProtoReflect.Descriptor instead.
 func (*CreateBgpPeerResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{43}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *CreateBgpPeerResponse) GetPeer() *BgpPeer {
@@ -3344,7 +3564,7 @@ type GetBgpPeerRequest struct {
 
 func (x *GetBgpPeerRequest) Reset() {
 	*x = GetBgpPeerRequest{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[44]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3356,7 +3576,7 @@ func (x *GetBgpPeerRequest) String() string {
 func (*GetBgpPeerRequest) ProtoMessage() {}
 
 func (x *GetBgpPeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[44]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3369,7 +3589,7 @@ func (x *GetBgpPeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBgpPeerRequest.ProtoReflect.Descriptor instead.
 func (*GetBgpPeerRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{44}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *GetBgpPeerRequest) GetAddress() string {
@@ -3388,7 +3608,7 @@ type GetBgpPeerResponse struct {
 
 func (x *GetBgpPeerResponse) Reset() {
 	*x = GetBgpPeerResponse{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[45]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3400,7 +3620,7 @@ func (x *GetBgpPeerResponse) String() string {
 func (*GetBgpPeerResponse) ProtoMessage() {}
 
 func (x *GetBgpPeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[45]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3413,7 +3633,7 @@ func (x *GetBgpPeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBgpPeerResponse.ProtoReflect.Descriptor instead.
 func (*GetBgpPeerResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{45}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *GetBgpPeerResponse) GetPeer() *BgpPeer {
@@ -3431,7 +3651,7 @@ type ListBgpPeersRequest struct {
 
 func (x *ListBgpPeersRequest) Reset() {
 	*x = ListBgpPeersRequest{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[46]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3443,7 +3663,7 @@ func (x *ListBgpPeersRequest) String() string {
 func (*ListBgpPeersRequest) ProtoMessage() {}
 
 func (x *ListBgpPeersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[46]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3456,7 +3676,7 @@ func (x *ListBgpPeersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBgpPeersRequest.ProtoReflect.Descriptor instead.
 func (*ListBgpPeersRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{46}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{49}
 }
 
 type ListBgpPeersResponse struct {
@@ -3468,7 +3688,7 @@ type ListBgpPeersResponse struct {
 
 func (x *ListBgpPeersResponse) Reset() {
 	*x = ListBgpPeersResponse{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[47]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3480,7 +3700,7 @@ func (x *ListBgpPeersResponse) String() string {
 func (*ListBgpPeersResponse) ProtoMessage() {}
 
 func (x *ListBgpPeersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[47]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3493,7 +3713,7 @@ func (x *ListBgpPeersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBgpPeersResponse.ProtoReflect.Descriptor instead.
 func (*ListBgpPeersResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{47}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ListBgpPeersResponse) GetPeers() []*BgpPeer {
@@ -3512,7 +3732,7 @@ type UpdateBgpPeerRequest struct {
 
 func (x *UpdateBgpPeerRequest) Reset() {
 	*x = UpdateBgpPeerRequest{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[48]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3524,7 +3744,7 @@ func (x *UpdateBgpPeerRequest) String() string {
 func (*UpdateBgpPeerRequest) ProtoMessage() {}
 
 func (x *UpdateBgpPeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[48]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3537,7 +3757,7 @@ func (x *UpdateBgpPeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateBgpPeerRequest.ProtoReflect.Descriptor instead.
 func (*UpdateBgpPeerRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{48}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *UpdateBgpPeerRequest) GetPeer() *BgpPeer {
@@ -3556,7 +3776,7 @@ type UpdateBgpPeerResponse struct {
 
 func (x *UpdateBgpPeerResponse) Reset() {
 	*x = UpdateBgpPeerResponse{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[49]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3568,7 +3788,7 @@ func (x *UpdateBgpPeerResponse) String() string {
 func (*UpdateBgpPeerResponse) ProtoMessage() {}
 
 func (x *UpdateBgpPeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[49]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3581,7 +3801,7 @@ func (x *UpdateBgpPeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateBgpPeerResponse.ProtoReflect.Descriptor instead.
 func (*UpdateBgpPeerResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{49}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *UpdateBgpPeerResponse) GetPeer() *BgpPeer {
@@ -3600,7 +3820,7 @@ type DeleteBgpPeerRequest struct {
 
 func (x *DeleteBgpPeerRequest) Reset() {
 	*x = DeleteBgpPeerRequest{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[50]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3612,7 +3832,7 @@ func (x *DeleteBgpPeerRequest) String() string {
 func (*DeleteBgpPeerRequest) ProtoMessage() {}
 
 func (x *DeleteBgpPeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[50]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3625,7 +3845,7 @@ func (x *DeleteBgpPeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBgpPeerRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBgpPeerRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{50}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *DeleteBgpPeerRequest) GetAddress() string {
@@ -3643,7 +3863,7 @@ type DeleteBgpPeerResponse struct {
 
 func (x *DeleteBgpPeerResponse) Reset() {
 	*x = DeleteBgpPeerResponse{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[51]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3655,7 +3875,7 @@ func (x *DeleteBgpPeerResponse) String() string {
 func (*DeleteBgpPeerResponse) ProtoMessage() {}
 
 func (x *DeleteBgpPeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[51]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3668,7 +3888,7 @@ func (x *DeleteBgpPeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBgpPeerResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBgpPeerResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{51}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{54}
 }
 
 type ListBgpRoutesRequest struct {
@@ -3679,7 +3899,7 @@ type ListBgpRoutesRequest struct {
 
 func (x *ListBgpRoutesRequest) Reset() {
 	*x = ListBgpRoutesRequest{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[52]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3691,7 +3911,7 @@ func (x *ListBgpRoutesRequest) String() string {
 func (*ListBgpRoutesRequest) ProtoMessage() {}
 
 func (x *ListBgpRoutesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[52]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3704,7 +3924,7 @@ func (x *ListBgpRoutesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBgpRoutesRequest.ProtoReflect.Descriptor instead.
 func (*ListBgpRoutesRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{52}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{55}
 }
 
 // BgpRoute is a route this node advertises.
@@ -3722,7 +3942,7 @@ type BgpRoute struct {
 
 func (x *BgpRoute) Reset() {
 	*x = BgpRoute{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[53]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3734,7 +3954,7 @@ func (x *BgpRoute) String() string {
 func (*BgpRoute) ProtoMessage() {}
 
 func (x *BgpRoute) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[53]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3747,7 +3967,7 @@ func (x *BgpRoute) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpRoute.ProtoReflect.Descriptor instead.
 func (*BgpRoute) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{53}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *BgpRoute) GetPrefix() string {
@@ -3801,7 +4021,7 @@ type ListBgpRoutesResponse struct {
 
 func (x *ListBgpRoutesResponse) Reset() {
 	*x = ListBgpRoutesResponse{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[54]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3813,7 +4033,7 @@ func (x *ListBgpRoutesResponse) String() string {
 func (*ListBgpRoutesResponse) ProtoMessage() {}
 
 func (x *ListBgpRoutesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[54]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3826,7 +4046,7 @@ func (x *ListBgpRoutesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBgpRoutesResponse.ProtoReflect.Descriptor instead.
 func (*ListBgpRoutesResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{54}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ListBgpRoutesResponse) GetRoutes() []*BgpRoute {
@@ -3855,7 +4075,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[55]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3867,7 +4087,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[55]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3880,7 +4100,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{55}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *Node) GetRoles() []string {
@@ -3940,7 +4160,7 @@ type GetNodeRequest struct {
 
 func (x *GetNodeRequest) Reset() {
 	*x = GetNodeRequest{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[56]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3952,7 +4172,7 @@ func (x *GetNodeRequest) String() string {
 func (*GetNodeRequest) ProtoMessage() {}
 
 func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[56]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3965,7 +4185,7 @@ func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeRequest.ProtoReflect.Descriptor instead.
 func (*GetNodeRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{56}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{59}
 }
 
 type GetNodeResponse struct {
@@ -3977,7 +4197,7 @@ type GetNodeResponse struct {
 
 func (x *GetNodeResponse) Reset() {
 	*x = GetNodeResponse{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[57]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3989,7 +4209,7 @@ func (x *GetNodeResponse) String() string {
 func (*GetNodeResponse) ProtoMessage() {}
 
 func (x *GetNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[57]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4002,7 +4222,7 @@ func (x *GetNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeResponse.ProtoReflect.Descriptor instead.
 func (*GetNodeResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{57}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *GetNodeResponse) GetNode() *Node {
@@ -4020,7 +4240,7 @@ type DrainNodeRequest struct {
 
 func (x *DrainNodeRequest) Reset() {
 	*x = DrainNodeRequest{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[58]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4032,7 +4252,7 @@ func (x *DrainNodeRequest) String() string {
 func (*DrainNodeRequest) ProtoMessage() {}
 
 func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[58]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4045,7 +4265,7 @@ func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeRequest.ProtoReflect.Descriptor instead.
 func (*DrainNodeRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{58}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{61}
 }
 
 type DrainNodeResponse struct {
@@ -4057,7 +4277,7 @@ type DrainNodeResponse struct {
 
 func (x *DrainNodeResponse) Reset() {
 	*x = DrainNodeResponse{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[59]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4069,7 +4289,7 @@ func (x *DrainNodeResponse) String() string {
 func (*DrainNodeResponse) ProtoMessage() {}
 
 func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[59]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4082,7 +4302,7 @@ func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeResponse.ProtoReflect.Descriptor instead.
 func (*DrainNodeResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{59}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *DrainNodeResponse) GetNode() *Node {
@@ -4100,7 +4320,7 @@ type UndrainNodeRequest struct {
 
 func (x *UndrainNodeRequest) Reset() {
 	*x = UndrainNodeRequest{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[60]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4112,7 +4332,7 @@ func (x *UndrainNodeRequest) String() string {
 func (*UndrainNodeRequest) ProtoMessage() {}
 
 func (x *UndrainNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[60]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4125,7 +4345,7 @@ func (x *UndrainNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UndrainNodeRequest.ProtoReflect.Descriptor instead.
 func (*UndrainNodeRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{60}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{63}
 }
 
 type UndrainNodeResponse struct {
@@ -4137,7 +4357,7 @@ type UndrainNodeResponse struct {
 
 func (x *UndrainNodeResponse) Reset() {
 	*x = UndrainNodeResponse{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[61]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4149,7 +4369,7 @@ func (x *UndrainNodeResponse) String() string {
 func (*UndrainNodeResponse) ProtoMessage() {}
 
 func (x *UndrainNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[61]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4162,7 +4382,7 @@ func (x *UndrainNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UndrainNodeResponse.ProtoReflect.Descriptor instead.
 func (*UndrainNodeResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{61}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *UndrainNodeResponse) GetNode() *Node {
@@ -4180,7 +4400,7 @@ type DetachNodeRequest struct {
 
 func (x *DetachNodeRequest) Reset() {
 	*x = DetachNodeRequest{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[62]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4192,7 +4412,7 @@ func (x *DetachNodeRequest) String() string {
 func (*DetachNodeRequest) ProtoMessage() {}
 
 func (x *DetachNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[62]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4205,7 +4425,7 @@ func (x *DetachNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachNodeRequest.ProtoReflect.Descriptor instead.
 func (*DetachNodeRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{62}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{65}
 }
 
 type DetachNodeResponse struct {
@@ -4217,7 +4437,7 @@ type DetachNodeResponse struct {
 
 func (x *DetachNodeResponse) Reset() {
 	*x = DetachNodeResponse{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[63]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4229,7 +4449,7 @@ func (x *DetachNodeResponse) String() string {
 func (*DetachNodeResponse) ProtoMessage() {}
 
 func (x *DetachNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[63]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4242,7 +4462,7 @@ func (x *DetachNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachNodeResponse.ProtoReflect.Descriptor instead.
 func (*DetachNodeResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{63}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *DetachNodeResponse) GetNode() *Node {
@@ -4406,6 +4626,23 @@ const file_lbd_v1_lbd_proto_rawDesc = "" +
 	"\x05table\x18\t \x01(\tR\x05table\"m\n" +
 	"\x17ListConnectionsResponse\x124\n" +
 	"\vconnections\x18\x01 \x03(\v2\x12.lbd.v1.ConnectionR\vconnections\x12\x1c\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"p\n" +
+	"\x1dListSocketTranslationsRequest\x12\x10\n" +
+	"\x03vip\x18\x01 \x01(\tR\x03vip\x12'\n" +
+	"\x0fbackend_address\x18\x02 \x01(\tR\x0ebackendAddress\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\rR\x05limit\"\xbf\x02\n" +
+	"\x11SocketTranslation\x12#\n" +
+	"\rsocket_cookie\x18\x01 \x01(\x04R\fsocketCookie\x12,\n" +
+	"\bprotocol\x18\x02 \x01(\x0e2\x10.lbd.v1.ProtocolR\bprotocol\x12!\n" +
+	"\fservice_name\x18\x03 \x01(\tR\vserviceName\x12\x10\n" +
+	"\x03vip\x18\x04 \x01(\tR\x03vip\x12\x19\n" +
+	"\bvip_port\x18\x05 \x01(\rR\avipPort\x12'\n" +
+	"\x0fbackend_address\x18\x06 \x01(\tR\x0ebackendAddress\x12!\n" +
+	"\fbackend_port\x18\a \x01(\rR\vbackendPort\x12;\n" +
+	"\vcreate_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"createTime\"}\n" +
+	"\x1eListSocketTranslationsResponse\x12=\n" +
+	"\ftranslations\x18\x01 \x03(\v2\x19.lbd.v1.SocketTranslationR\ftranslations\x12\x1c\n" +
 	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"\x11\n" +
 	"\x0fGetStatsRequest\"M\n" +
 	"\aCounter\x12\x12\n" +
@@ -4546,7 +4783,7 @@ const file_lbd_v1_lbd_proto_rawDesc = "" +
 	"\x18BGP_SESSION_STATE_ACTIVE\x10\x03\x12\x1e\n" +
 	"\x1aBGP_SESSION_STATE_OPENSENT\x10\x04\x12!\n" +
 	"\x1dBGP_SESSION_STATE_OPENCONFIRM\x10\x05\x12!\n" +
-	"\x1dBGP_SESSION_STATE_ESTABLISHED\x10\x062\xfc\b\n" +
+	"\x1dBGP_SESSION_STATE_ESTABLISHED\x10\x062\xe5\t\n" +
 	"\x13LoadBalancerService\x12L\n" +
 	"\rCreateService\x12\x1c.lbd.v1.CreateServiceRequest\x1a\x1d.lbd.v1.CreateServiceResponse\x12C\n" +
 	"\n" +
@@ -4564,7 +4801,8 @@ const file_lbd_v1_lbd_proto_rawDesc = "" +
 	"\rDeleteBackend\x12\x1c.lbd.v1.DeleteBackendRequest\x1a\x1d.lbd.v1.DeleteBackendResponse\x12@\n" +
 	"\tTraceFlow\x12\x18.lbd.v1.TraceFlowRequest\x1a\x19.lbd.v1.TraceFlowResponse\x12R\n" +
 	"\x0fListConnections\x12\x1e.lbd.v1.ListConnectionsRequest\x1a\x1f.lbd.v1.ListConnectionsResponse\x12=\n" +
-	"\bGetStats\x12\x17.lbd.v1.GetStatsRequest\x1a\x18.lbd.v1.GetStatsResponse2\xd4\x03\n" +
+	"\bGetStats\x12\x17.lbd.v1.GetStatsRequest\x1a\x18.lbd.v1.GetStatsResponse\x12g\n" +
+	"\x16ListSocketTranslations\x12%.lbd.v1.ListSocketTranslationsRequest\x1a&.lbd.v1.ListSocketTranslationsResponse2\xd4\x03\n" +
 	"\n" +
 	"BgpService\x12L\n" +
 	"\rCreateBgpPeer\x12\x1c.lbd.v1.CreateBgpPeerRequest\x1a\x1d.lbd.v1.CreateBgpPeerResponse\x12C\n" +
@@ -4594,84 +4832,87 @@ func file_lbd_v1_lbd_proto_rawDescGZIP() []byte {
 }
 
 var file_lbd_v1_lbd_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
-var file_lbd_v1_lbd_proto_msgTypes = make([]protoimpl.MessageInfo, 64)
+var file_lbd_v1_lbd_proto_msgTypes = make([]protoimpl.MessageInfo, 67)
 var file_lbd_v1_lbd_proto_goTypes = []any{
-	(Protocol)(0),                   // 0: lbd.v1.Protocol
-	(HashMode)(0),                   // 1: lbd.v1.HashMode
-	(NoBackendAction)(0),            // 2: lbd.v1.NoBackendAction
-	(AdvertisePolicy)(0),            // 3: lbd.v1.AdvertisePolicy
-	(HealthCheckType)(0),            // 4: lbd.v1.HealthCheckType
-	(BackendState)(0),               // 5: lbd.v1.BackendState
-	(HealthState)(0),                // 6: lbd.v1.HealthState
-	(ServiceState)(0),               // 7: lbd.v1.ServiceState
-	(WatchEventType)(0),             // 8: lbd.v1.WatchEventType
-	(BgpSessionState)(0),            // 9: lbd.v1.BgpSessionState
-	(*Service)(nil),                 // 10: lbd.v1.Service
-	(*SessionAffinity)(nil),         // 11: lbd.v1.SessionAffinity
-	(*HealthCheck)(nil),             // 12: lbd.v1.HealthCheck
-	(*Backend)(nil),                 // 13: lbd.v1.Backend
-	(*BackendHealth)(nil),           // 14: lbd.v1.BackendHealth
-	(*ServiceStatus)(nil),           // 15: lbd.v1.ServiceStatus
-	(*CreateServiceRequest)(nil),    // 16: lbd.v1.CreateServiceRequest
-	(*CreateServiceResponse)(nil),   // 17: lbd.v1.CreateServiceResponse
-	(*GetServiceRequest)(nil),       // 18: lbd.v1.GetServiceRequest
-	(*GetServiceResponse)(nil),      // 19: lbd.v1.GetServiceResponse
-	(*ListServicesRequest)(nil),     // 20: lbd.v1.ListServicesRequest
-	(*ListServicesResponse)(nil),    // 21: lbd.v1.ListServicesResponse
-	(*UpdateServiceRequest)(nil),    // 22: lbd.v1.UpdateServiceRequest
-	(*UpdateServiceResponse)(nil),   // 23: lbd.v1.UpdateServiceResponse
-	(*DeleteServiceRequest)(nil),    // 24: lbd.v1.DeleteServiceRequest
-	(*DeleteServiceResponse)(nil),   // 25: lbd.v1.DeleteServiceResponse
-	(*ApplyServicesRequest)(nil),    // 26: lbd.v1.ApplyServicesRequest
-	(*ApplyServicesResponse)(nil),   // 27: lbd.v1.ApplyServicesResponse
-	(*WatchServicesRequest)(nil),    // 28: lbd.v1.WatchServicesRequest
-	(*WatchServicesResponse)(nil),   // 29: lbd.v1.WatchServicesResponse
-	(*CreateBackendRequest)(nil),    // 30: lbd.v1.CreateBackendRequest
-	(*CreateBackendResponse)(nil),   // 31: lbd.v1.CreateBackendResponse
-	(*GetBackendRequest)(nil),       // 32: lbd.v1.GetBackendRequest
-	(*GetBackendResponse)(nil),      // 33: lbd.v1.GetBackendResponse
-	(*ListBackendsRequest)(nil),     // 34: lbd.v1.ListBackendsRequest
-	(*ListBackendsResponse)(nil),    // 35: lbd.v1.ListBackendsResponse
-	(*UpdateBackendRequest)(nil),    // 36: lbd.v1.UpdateBackendRequest
-	(*UpdateBackendResponse)(nil),   // 37: lbd.v1.UpdateBackendResponse
-	(*DeleteBackendRequest)(nil),    // 38: lbd.v1.DeleteBackendRequest
-	(*DeleteBackendResponse)(nil),   // 39: lbd.v1.DeleteBackendResponse
-	(*TraceFlowRequest)(nil),        // 40: lbd.v1.TraceFlowRequest
-	(*TraceFlowResponse)(nil),       // 41: lbd.v1.TraceFlowResponse
-	(*ListConnectionsRequest)(nil),  // 42: lbd.v1.ListConnectionsRequest
-	(*Connection)(nil),              // 43: lbd.v1.Connection
-	(*ListConnectionsResponse)(nil), // 44: lbd.v1.ListConnectionsResponse
-	(*GetStatsRequest)(nil),         // 45: lbd.v1.GetStatsRequest
-	(*Counter)(nil),                 // 46: lbd.v1.Counter
-	(*ServiceStats)(nil),            // 47: lbd.v1.ServiceStats
-	(*BackendStats)(nil),            // 48: lbd.v1.BackendStats
-	(*GetStatsResponse)(nil),        // 49: lbd.v1.GetStatsResponse
-	(*BgpPeer)(nil),                 // 50: lbd.v1.BgpPeer
-	(*BgpPeerStatus)(nil),           // 51: lbd.v1.BgpPeerStatus
-	(*CreateBgpPeerRequest)(nil),    // 52: lbd.v1.CreateBgpPeerRequest
-	(*CreateBgpPeerResponse)(nil),   // 53: lbd.v1.CreateBgpPeerResponse
-	(*GetBgpPeerRequest)(nil),       // 54: lbd.v1.GetBgpPeerRequest
-	(*GetBgpPeerResponse)(nil),      // 55: lbd.v1.GetBgpPeerResponse
-	(*ListBgpPeersRequest)(nil),     // 56: lbd.v1.ListBgpPeersRequest
-	(*ListBgpPeersResponse)(nil),    // 57: lbd.v1.ListBgpPeersResponse
-	(*UpdateBgpPeerRequest)(nil),    // 58: lbd.v1.UpdateBgpPeerRequest
-	(*UpdateBgpPeerResponse)(nil),   // 59: lbd.v1.UpdateBgpPeerResponse
-	(*DeleteBgpPeerRequest)(nil),    // 60: lbd.v1.DeleteBgpPeerRequest
-	(*DeleteBgpPeerResponse)(nil),   // 61: lbd.v1.DeleteBgpPeerResponse
-	(*ListBgpRoutesRequest)(nil),    // 62: lbd.v1.ListBgpRoutesRequest
-	(*BgpRoute)(nil),                // 63: lbd.v1.BgpRoute
-	(*ListBgpRoutesResponse)(nil),   // 64: lbd.v1.ListBgpRoutesResponse
-	(*Node)(nil),                    // 65: lbd.v1.Node
-	(*GetNodeRequest)(nil),          // 66: lbd.v1.GetNodeRequest
-	(*GetNodeResponse)(nil),         // 67: lbd.v1.GetNodeResponse
-	(*DrainNodeRequest)(nil),        // 68: lbd.v1.DrainNodeRequest
-	(*DrainNodeResponse)(nil),       // 69: lbd.v1.DrainNodeResponse
-	(*UndrainNodeRequest)(nil),      // 70: lbd.v1.UndrainNodeRequest
-	(*UndrainNodeResponse)(nil),     // 71: lbd.v1.UndrainNodeResponse
-	(*DetachNodeRequest)(nil),       // 72: lbd.v1.DetachNodeRequest
-	(*DetachNodeResponse)(nil),      // 73: lbd.v1.DetachNodeResponse
-	(*durationpb.Duration)(nil),     // 74: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 75: google.protobuf.Timestamp
+	(Protocol)(0),                          // 0: lbd.v1.Protocol
+	(HashMode)(0),                          // 1: lbd.v1.HashMode
+	(NoBackendAction)(0),                   // 2: lbd.v1.NoBackendAction
+	(AdvertisePolicy)(0),                   // 3: lbd.v1.AdvertisePolicy
+	(HealthCheckType)(0),                   // 4: lbd.v1.HealthCheckType
+	(BackendState)(0),                      // 5: lbd.v1.BackendState
+	(HealthState)(0),                       // 6: lbd.v1.HealthState
+	(ServiceState)(0),                      // 7: lbd.v1.ServiceState
+	(WatchEventType)(0),                    // 8: lbd.v1.WatchEventType
+	(BgpSessionState)(0),                   // 9: lbd.v1.BgpSessionState
+	(*Service)(nil),                        // 10: lbd.v1.Service
+	(*SessionAffinity)(nil),                // 11: lbd.v1.SessionAffinity
+	(*HealthCheck)(nil),                    // 12: lbd.v1.HealthCheck
+	(*Backend)(nil),                        // 13: lbd.v1.Backend
+	(*BackendHealth)(nil),                  // 14: lbd.v1.BackendHealth
+	(*ServiceStatus)(nil),                  // 15: lbd.v1.ServiceStatus
+	(*CreateServiceRequest)(nil),           // 16: lbd.v1.CreateServiceRequest
+	(*CreateServiceResponse)(nil),          // 17: lbd.v1.CreateServiceResponse
+	(*GetServiceRequest)(nil),              // 18: lbd.v1.GetServiceRequest
+	(*GetServiceResponse)(nil),             // 19: lbd.v1.GetServiceResponse
+	(*ListServicesRequest)(nil),            // 20: lbd.v1.ListServicesRequest
+	(*ListServicesResponse)(nil),           // 21: lbd.v1.ListServicesResponse
+	(*UpdateServiceRequest)(nil),           // 22: lbd.v1.UpdateServiceRequest
+	(*UpdateServiceResponse)(nil),          // 23: lbd.v1.UpdateServiceResponse
+	(*DeleteServiceRequest)(nil),           // 24: lbd.v1.DeleteServiceRequest
+	(*DeleteServiceResponse)(nil),          // 25: lbd.v1.DeleteServiceResponse
+	(*ApplyServicesRequest)(nil),           // 26: lbd.v1.ApplyServicesRequest
+	(*ApplyServicesResponse)(nil),          // 27: lbd.v1.ApplyServicesResponse
+	(*WatchServicesRequest)(nil),           // 28: lbd.v1.WatchServicesRequest
+	(*WatchServicesResponse)(nil),          // 29: lbd.v1.WatchServicesResponse
+	(*CreateBackendRequest)(nil),           // 30: lbd.v1.CreateBackendRequest
+	(*CreateBackendResponse)(nil),          // 31: lbd.v1.CreateBackendResponse
+	(*GetBackendRequest)(nil),              // 32: lbd.v1.GetBackendRequest
+	(*GetBackendResponse)(nil),             // 33: lbd.v1.GetBackendResponse
+	(*ListBackendsRequest)(nil),            // 34: lbd.v1.ListBackendsRequest
+	(*ListBackendsResponse)(nil),           // 35: lbd.v1.ListBackendsResponse
+	(*UpdateBackendRequest)(nil),           // 36: lbd.v1.UpdateBackendRequest
+	(*UpdateBackendResponse)(nil),          // 37: lbd.v1.UpdateBackendResponse
+	(*DeleteBackendRequest)(nil),           // 38: lbd.v1.DeleteBackendRequest
+	(*DeleteBackendResponse)(nil),          // 39: lbd.v1.DeleteBackendResponse
+	(*TraceFlowRequest)(nil),               // 40: lbd.v1.TraceFlowRequest
+	(*TraceFlowResponse)(nil),              // 41: lbd.v1.TraceFlowResponse
+	(*ListConnectionsRequest)(nil),         // 42: lbd.v1.ListConnectionsRequest
+	(*Connection)(nil),                     // 43: lbd.v1.Connection
+	(*ListConnectionsResponse)(nil),        // 44: lbd.v1.ListConnectionsResponse
+	(*ListSocketTranslationsRequest)(nil),  // 45: lbd.v1.ListSocketTranslationsRequest
+	(*SocketTranslation)(nil),              // 46: lbd.v1.SocketTranslation
+	(*ListSocketTranslationsResponse)(nil), // 47: lbd.v1.ListSocketTranslationsResponse
+	(*GetStatsRequest)(nil),                // 48: lbd.v1.GetStatsRequest
+	(*Counter)(nil),                        // 49: lbd.v1.Counter
+	(*ServiceStats)(nil),                   // 50: lbd.v1.ServiceStats
+	(*BackendStats)(nil),                   // 51: lbd.v1.BackendStats
+	(*GetStatsResponse)(nil),               // 52: lbd.v1.GetStatsResponse
+	(*BgpPeer)(nil),                        // 53: lbd.v1.BgpPeer
+	(*BgpPeerStatus)(nil),                  // 54: lbd.v1.BgpPeerStatus
+	(*CreateBgpPeerRequest)(nil),           // 55: lbd.v1.CreateBgpPeerRequest
+	(*CreateBgpPeerResponse)(nil),          // 56: lbd.v1.CreateBgpPeerResponse
+	(*GetBgpPeerRequest)(nil),              // 57: lbd.v1.GetBgpPeerRequest
+	(*GetBgpPeerResponse)(nil),             // 58: lbd.v1.GetBgpPeerResponse
+	(*ListBgpPeersRequest)(nil),            // 59: lbd.v1.ListBgpPeersRequest
+	(*ListBgpPeersResponse)(nil),           // 60: lbd.v1.ListBgpPeersResponse
+	(*UpdateBgpPeerRequest)(nil),           // 61: lbd.v1.UpdateBgpPeerRequest
+	(*UpdateBgpPeerResponse)(nil),          // 62: lbd.v1.UpdateBgpPeerResponse
+	(*DeleteBgpPeerRequest)(nil),           // 63: lbd.v1.DeleteBgpPeerRequest
+	(*DeleteBgpPeerResponse)(nil),          // 64: lbd.v1.DeleteBgpPeerResponse
+	(*ListBgpRoutesRequest)(nil),           // 65: lbd.v1.ListBgpRoutesRequest
+	(*BgpRoute)(nil),                       // 66: lbd.v1.BgpRoute
+	(*ListBgpRoutesResponse)(nil),          // 67: lbd.v1.ListBgpRoutesResponse
+	(*Node)(nil),                           // 68: lbd.v1.Node
+	(*GetNodeRequest)(nil),                 // 69: lbd.v1.GetNodeRequest
+	(*GetNodeResponse)(nil),                // 70: lbd.v1.GetNodeResponse
+	(*DrainNodeRequest)(nil),               // 71: lbd.v1.DrainNodeRequest
+	(*DrainNodeResponse)(nil),              // 72: lbd.v1.DrainNodeResponse
+	(*UndrainNodeRequest)(nil),             // 73: lbd.v1.UndrainNodeRequest
+	(*UndrainNodeResponse)(nil),            // 74: lbd.v1.UndrainNodeResponse
+	(*DetachNodeRequest)(nil),              // 75: lbd.v1.DetachNodeRequest
+	(*DetachNodeResponse)(nil),             // 76: lbd.v1.DetachNodeResponse
+	(*durationpb.Duration)(nil),            // 77: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),          // 78: google.protobuf.Timestamp
 }
 var file_lbd_v1_lbd_proto_depIdxs = []int32{
 	0,  // 0: lbd.v1.Service.protocol:type_name -> lbd.v1.Protocol
@@ -4682,17 +4923,17 @@ var file_lbd_v1_lbd_proto_depIdxs = []int32{
 	3,  // 5: lbd.v1.Service.advertise_policy:type_name -> lbd.v1.AdvertisePolicy
 	13, // 6: lbd.v1.Service.backends:type_name -> lbd.v1.Backend
 	15, // 7: lbd.v1.Service.status:type_name -> lbd.v1.ServiceStatus
-	74, // 8: lbd.v1.SessionAffinity.timeout:type_name -> google.protobuf.Duration
+	77, // 8: lbd.v1.SessionAffinity.timeout:type_name -> google.protobuf.Duration
 	4,  // 9: lbd.v1.HealthCheck.type:type_name -> lbd.v1.HealthCheckType
-	74, // 10: lbd.v1.HealthCheck.interval:type_name -> google.protobuf.Duration
-	74, // 11: lbd.v1.HealthCheck.timeout:type_name -> google.protobuf.Duration
+	77, // 10: lbd.v1.HealthCheck.interval:type_name -> google.protobuf.Duration
+	77, // 11: lbd.v1.HealthCheck.timeout:type_name -> google.protobuf.Duration
 	5,  // 12: lbd.v1.Backend.state:type_name -> lbd.v1.BackendState
 	14, // 13: lbd.v1.Backend.health:type_name -> lbd.v1.BackendHealth
 	6,  // 14: lbd.v1.BackendHealth.state:type_name -> lbd.v1.HealthState
-	75, // 15: lbd.v1.BackendHealth.last_check_time:type_name -> google.protobuf.Timestamp
-	75, // 16: lbd.v1.BackendHealth.last_transition_time:type_name -> google.protobuf.Timestamp
+	78, // 15: lbd.v1.BackendHealth.last_check_time:type_name -> google.protobuf.Timestamp
+	78, // 16: lbd.v1.BackendHealth.last_transition_time:type_name -> google.protobuf.Timestamp
 	7,  // 17: lbd.v1.ServiceStatus.state:type_name -> lbd.v1.ServiceState
-	75, // 18: lbd.v1.ServiceStatus.update_time:type_name -> google.protobuf.Timestamp
+	78, // 18: lbd.v1.ServiceStatus.update_time:type_name -> google.protobuf.Timestamp
 	10, // 19: lbd.v1.CreateServiceRequest.service:type_name -> lbd.v1.Service
 	10, // 20: lbd.v1.CreateServiceResponse.service:type_name -> lbd.v1.Service
 	10, // 21: lbd.v1.GetServiceResponse.service:type_name -> lbd.v1.Service
@@ -4711,84 +4952,89 @@ var file_lbd_v1_lbd_proto_depIdxs = []int32{
 	0,  // 34: lbd.v1.TraceFlowRequest.protocol:type_name -> lbd.v1.Protocol
 	13, // 35: lbd.v1.TraceFlowResponse.backend:type_name -> lbd.v1.Backend
 	0,  // 36: lbd.v1.Connection.protocol:type_name -> lbd.v1.Protocol
-	75, // 37: lbd.v1.Connection.last_seen_time:type_name -> google.protobuf.Timestamp
+	78, // 37: lbd.v1.Connection.last_seen_time:type_name -> google.protobuf.Timestamp
 	43, // 38: lbd.v1.ListConnectionsResponse.connections:type_name -> lbd.v1.Connection
-	48, // 39: lbd.v1.ServiceStats.backends:type_name -> lbd.v1.BackendStats
-	47, // 40: lbd.v1.GetStatsResponse.services:type_name -> lbd.v1.ServiceStats
-	46, // 41: lbd.v1.GetStatsResponse.reasons:type_name -> lbd.v1.Counter
-	74, // 42: lbd.v1.BgpPeer.hold_time:type_name -> google.protobuf.Duration
-	74, // 43: lbd.v1.BgpPeer.keepalive_interval:type_name -> google.protobuf.Duration
-	74, // 44: lbd.v1.BgpPeer.graceful_restart_time:type_name -> google.protobuf.Duration
-	51, // 45: lbd.v1.BgpPeer.status:type_name -> lbd.v1.BgpPeerStatus
-	9,  // 46: lbd.v1.BgpPeerStatus.state:type_name -> lbd.v1.BgpSessionState
-	75, // 47: lbd.v1.BgpPeerStatus.since_time:type_name -> google.protobuf.Timestamp
-	50, // 48: lbd.v1.CreateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
-	50, // 49: lbd.v1.CreateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
-	50, // 50: lbd.v1.GetBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
-	50, // 51: lbd.v1.ListBgpPeersResponse.peers:type_name -> lbd.v1.BgpPeer
-	50, // 52: lbd.v1.UpdateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
-	50, // 53: lbd.v1.UpdateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
-	63, // 54: lbd.v1.ListBgpRoutesResponse.routes:type_name -> lbd.v1.BgpRoute
-	75, // 55: lbd.v1.Node.start_time:type_name -> google.protobuf.Timestamp
-	65, // 56: lbd.v1.GetNodeResponse.node:type_name -> lbd.v1.Node
-	65, // 57: lbd.v1.DrainNodeResponse.node:type_name -> lbd.v1.Node
-	65, // 58: lbd.v1.UndrainNodeResponse.node:type_name -> lbd.v1.Node
-	65, // 59: lbd.v1.DetachNodeResponse.node:type_name -> lbd.v1.Node
-	16, // 60: lbd.v1.LoadBalancerService.CreateService:input_type -> lbd.v1.CreateServiceRequest
-	18, // 61: lbd.v1.LoadBalancerService.GetService:input_type -> lbd.v1.GetServiceRequest
-	20, // 62: lbd.v1.LoadBalancerService.ListServices:input_type -> lbd.v1.ListServicesRequest
-	22, // 63: lbd.v1.LoadBalancerService.UpdateService:input_type -> lbd.v1.UpdateServiceRequest
-	24, // 64: lbd.v1.LoadBalancerService.DeleteService:input_type -> lbd.v1.DeleteServiceRequest
-	26, // 65: lbd.v1.LoadBalancerService.ApplyServices:input_type -> lbd.v1.ApplyServicesRequest
-	28, // 66: lbd.v1.LoadBalancerService.WatchServices:input_type -> lbd.v1.WatchServicesRequest
-	30, // 67: lbd.v1.LoadBalancerService.CreateBackend:input_type -> lbd.v1.CreateBackendRequest
-	32, // 68: lbd.v1.LoadBalancerService.GetBackend:input_type -> lbd.v1.GetBackendRequest
-	34, // 69: lbd.v1.LoadBalancerService.ListBackends:input_type -> lbd.v1.ListBackendsRequest
-	36, // 70: lbd.v1.LoadBalancerService.UpdateBackend:input_type -> lbd.v1.UpdateBackendRequest
-	38, // 71: lbd.v1.LoadBalancerService.DeleteBackend:input_type -> lbd.v1.DeleteBackendRequest
-	40, // 72: lbd.v1.LoadBalancerService.TraceFlow:input_type -> lbd.v1.TraceFlowRequest
-	42, // 73: lbd.v1.LoadBalancerService.ListConnections:input_type -> lbd.v1.ListConnectionsRequest
-	45, // 74: lbd.v1.LoadBalancerService.GetStats:input_type -> lbd.v1.GetStatsRequest
-	52, // 75: lbd.v1.BgpService.CreateBgpPeer:input_type -> lbd.v1.CreateBgpPeerRequest
-	54, // 76: lbd.v1.BgpService.GetBgpPeer:input_type -> lbd.v1.GetBgpPeerRequest
-	56, // 77: lbd.v1.BgpService.ListBgpPeers:input_type -> lbd.v1.ListBgpPeersRequest
-	58, // 78: lbd.v1.BgpService.UpdateBgpPeer:input_type -> lbd.v1.UpdateBgpPeerRequest
-	60, // 79: lbd.v1.BgpService.DeleteBgpPeer:input_type -> lbd.v1.DeleteBgpPeerRequest
-	62, // 80: lbd.v1.BgpService.ListBgpRoutes:input_type -> lbd.v1.ListBgpRoutesRequest
-	66, // 81: lbd.v1.NodeService.GetNode:input_type -> lbd.v1.GetNodeRequest
-	68, // 82: lbd.v1.NodeService.DrainNode:input_type -> lbd.v1.DrainNodeRequest
-	70, // 83: lbd.v1.NodeService.UndrainNode:input_type -> lbd.v1.UndrainNodeRequest
-	72, // 84: lbd.v1.NodeService.DetachNode:input_type -> lbd.v1.DetachNodeRequest
-	17, // 85: lbd.v1.LoadBalancerService.CreateService:output_type -> lbd.v1.CreateServiceResponse
-	19, // 86: lbd.v1.LoadBalancerService.GetService:output_type -> lbd.v1.GetServiceResponse
-	21, // 87: lbd.v1.LoadBalancerService.ListServices:output_type -> lbd.v1.ListServicesResponse
-	23, // 88: lbd.v1.LoadBalancerService.UpdateService:output_type -> lbd.v1.UpdateServiceResponse
-	25, // 89: lbd.v1.LoadBalancerService.DeleteService:output_type -> lbd.v1.DeleteServiceResponse
-	27, // 90: lbd.v1.LoadBalancerService.ApplyServices:output_type -> lbd.v1.ApplyServicesResponse
-	29, // 91: lbd.v1.LoadBalancerService.WatchServices:output_type -> lbd.v1.WatchServicesResponse
-	31, // 92: lbd.v1.LoadBalancerService.CreateBackend:output_type -> lbd.v1.CreateBackendResponse
-	33, // 93: lbd.v1.LoadBalancerService.GetBackend:output_type -> lbd.v1.GetBackendResponse
-	35, // 94: lbd.v1.LoadBalancerService.ListBackends:output_type -> lbd.v1.ListBackendsResponse
-	37, // 95: lbd.v1.LoadBalancerService.UpdateBackend:output_type -> lbd.v1.UpdateBackendResponse
-	39, // 96: lbd.v1.LoadBalancerService.DeleteBackend:output_type -> lbd.v1.DeleteBackendResponse
-	41, // 97: lbd.v1.LoadBalancerService.TraceFlow:output_type -> lbd.v1.TraceFlowResponse
-	44, // 98: lbd.v1.LoadBalancerService.ListConnections:output_type -> lbd.v1.ListConnectionsResponse
-	49, // 99: lbd.v1.LoadBalancerService.GetStats:output_type -> lbd.v1.GetStatsResponse
-	53, // 100: lbd.v1.BgpService.CreateBgpPeer:output_type -> lbd.v1.CreateBgpPeerResponse
-	55, // 101: lbd.v1.BgpService.GetBgpPeer:output_type -> lbd.v1.GetBgpPeerResponse
-	57, // 102: lbd.v1.BgpService.ListBgpPeers:output_type -> lbd.v1.ListBgpPeersResponse
-	59, // 103: lbd.v1.BgpService.UpdateBgpPeer:output_type -> lbd.v1.UpdateBgpPeerResponse
-	61, // 104: lbd.v1.BgpService.DeleteBgpPeer:output_type -> lbd.v1.DeleteBgpPeerResponse
-	64, // 105: lbd.v1.BgpService.ListBgpRoutes:output_type -> lbd.v1.ListBgpRoutesResponse
-	67, // 106: lbd.v1.NodeService.GetNode:output_type -> lbd.v1.GetNodeResponse
-	69, // 107: lbd.v1.NodeService.DrainNode:output_type -> lbd.v1.DrainNodeResponse
-	71, // 108: lbd.v1.NodeService.UndrainNode:output_type -> lbd.v1.UndrainNodeResponse
-	73, // 109: lbd.v1.NodeService.DetachNode:output_type -> lbd.v1.DetachNodeResponse
-	85, // [85:110] is the sub-list for method output_type
-	60, // [60:85] is the sub-list for method input_type
-	60, // [60:60] is the sub-list for extension type_name
-	60, // [60:60] is the sub-list for extension extendee
-	0,  // [0:60] is the sub-list for field type_name
+	0,  // 39: lbd.v1.SocketTranslation.protocol:type_name -> lbd.v1.Protocol
+	78, // 40: lbd.v1.SocketTranslation.create_time:type_name -> google.protobuf.Timestamp
+	46, // 41: lbd.v1.ListSocketTranslationsResponse.translations:type_name -> lbd.v1.SocketTranslation
+	51, // 42: lbd.v1.ServiceStats.backends:type_name -> lbd.v1.BackendStats
+	50, // 43: lbd.v1.GetStatsResponse.services:type_name -> lbd.v1.ServiceStats
+	49, // 44: lbd.v1.GetStatsResponse.reasons:type_name -> lbd.v1.Counter
+	77, // 45: lbd.v1.BgpPeer.hold_time:type_name -> google.protobuf.Duration
+	77, // 46: lbd.v1.BgpPeer.keepalive_interval:type_name -> google.protobuf.Duration
+	77, // 47: lbd.v1.BgpPeer.graceful_restart_time:type_name -> google.protobuf.Duration
+	54, // 48: lbd.v1.BgpPeer.status:type_name -> lbd.v1.BgpPeerStatus
+	9,  // 49: lbd.v1.BgpPeerStatus.state:type_name -> lbd.v1.BgpSessionState
+	78, // 50: lbd.v1.BgpPeerStatus.since_time:type_name -> google.protobuf.Timestamp
+	53, // 51: lbd.v1.CreateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
+	53, // 52: lbd.v1.CreateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
+	53, // 53: lbd.v1.GetBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
+	53, // 54: lbd.v1.ListBgpPeersResponse.peers:type_name -> lbd.v1.BgpPeer
+	53, // 55: lbd.v1.UpdateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
+	53, // 56: lbd.v1.UpdateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
+	66, // 57: lbd.v1.ListBgpRoutesResponse.routes:type_name -> lbd.v1.BgpRoute
+	78, // 58: lbd.v1.Node.start_time:type_name -> google.protobuf.Timestamp
+	68, // 59: lbd.v1.GetNodeResponse.node:type_name -> lbd.v1.Node
+	68, // 60: lbd.v1.DrainNodeResponse.node:type_name -> lbd.v1.Node
+	68, // 61: lbd.v1.UndrainNodeResponse.node:type_name -> lbd.v1.Node
+	68, // 62: lbd.v1.DetachNodeResponse.node:type_name -> lbd.v1.Node
+	16, // 63: lbd.v1.LoadBalancerService.CreateService:input_type -> lbd.v1.CreateServiceRequest
+	18, // 64: lbd.v1.LoadBalancerService.GetService:input_type -> lbd.v1.GetServiceRequest
+	20, // 65: lbd.v1.LoadBalancerService.ListServices:input_type -> lbd.v1.ListServicesRequest
+	22, // 66: lbd.v1.LoadBalancerService.UpdateService:input_type -> lbd.v1.UpdateServiceRequest
+	24, // 67: lbd.v1.LoadBalancerService.DeleteService:input_type -> lbd.v1.DeleteServiceRequest
+	26, // 68: lbd.v1.LoadBalancerService.ApplyServices:input_type -> lbd.v1.ApplyServicesRequest
+	28, // 69: lbd.v1.LoadBalancerService.WatchServices:input_type -> lbd.v1.WatchServicesRequest
+	30, // 70: lbd.v1.LoadBalancerService.CreateBackend:input_type -> lbd.v1.CreateBackendRequest
+	32, // 71: lbd.v1.LoadBalancerService.GetBackend:input_type -> lbd.v1.GetBackendRequest
+	34, // 72: lbd.v1.LoadBalancerService.ListBackends:input_type -> lbd.v1.ListBackendsRequest
+	36, // 73: lbd.v1.LoadBalancerService.UpdateBackend:input_type -> lbd.v1.UpdateBackendRequest
+	38, // 74: lbd.v1.LoadBalancerService.DeleteBackend:input_type -> lbd.v1.DeleteBackendRequest
+	40, // 75: lbd.v1.LoadBalancerService.TraceFlow:input_type -> lbd.v1.TraceFlowRequest
+	42, // 76: lbd.v1.LoadBalancerService.ListConnections:input_type -> lbd.v1.ListConnectionsRequest
+	48, // 77: lbd.v1.LoadBalancerService.GetStats:input_type -> lbd.v1.GetStatsRequest
+	45, // 78: lbd.v1.LoadBalancerService.ListSocketTranslations:input_type -> lbd.v1.ListSocketTranslationsRequest
+	55, // 79: lbd.v1.BgpService.CreateBgpPeer:input_type -> lbd.v1.CreateBgpPeerRequest
+	57, // 80: lbd.v1.BgpService.GetBgpPeer:input_type -> lbd.v1.GetBgpPeerRequest
+	59, // 81: lbd.v1.BgpService.ListBgpPeers:input_type -> lbd.v1.ListBgpPeersRequest
+	61, // 82: lbd.v1.BgpService.UpdateBgpPeer:input_type -> lbd.v1.UpdateBgpPeerRequest
+	63, // 83: lbd.v1.BgpService.DeleteBgpPeer:input_type -> lbd.v1.DeleteBgpPeerRequest
+	65, // 84: lbd.v1.BgpService.ListBgpRoutes:input_type -> lbd.v1.ListBgpRoutesRequest
+	69, // 85: lbd.v1.NodeService.GetNode:input_type -> lbd.v1.GetNodeRequest
+	71, // 86: lbd.v1.NodeService.DrainNode:input_type -> lbd.v1.DrainNodeRequest
+	73, // 87: lbd.v1.NodeService.UndrainNode:input_type -> lbd.v1.UndrainNodeRequest
+	75, // 88: lbd.v1.NodeService.DetachNode:input_type -> lbd.v1.DetachNodeRequest
+	17, // 89: lbd.v1.LoadBalancerService.CreateService:output_type -> lbd.v1.CreateServiceResponse
+	19, // 90: lbd.v1.LoadBalancerService.GetService:output_type -> lbd.v1.GetServiceResponse
+	21, // 91: lbd.v1.LoadBalancerService.ListServices:output_type -> lbd.v1.ListServicesResponse
+	23, // 92: lbd.v1.LoadBalancerService.UpdateService:output_type -> lbd.v1.UpdateServiceResponse
+	25, // 93: lbd.v1.LoadBalancerService.DeleteService:output_type -> lbd.v1.DeleteServiceResponse
+	27, // 94: lbd.v1.LoadBalancerService.ApplyServices:output_type -> lbd.v1.ApplyServicesResponse
+	29, // 95: lbd.v1.LoadBalancerService.WatchServices:output_type -> lbd.v1.WatchServicesResponse
+	31, // 96: lbd.v1.LoadBalancerService.CreateBackend:output_type -> lbd.v1.CreateBackendResponse
+	33, // 97: lbd.v1.LoadBalancerService.GetBackend:output_type -> lbd.v1.GetBackendResponse
+	35, // 98: lbd.v1.LoadBalancerService.ListBackends:output_type -> lbd.v1.ListBackendsResponse
+	37, // 99: lbd.v1.LoadBalancerService.UpdateBackend:output_type -> lbd.v1.UpdateBackendResponse
+	39, // 100: lbd.v1.LoadBalancerService.DeleteBackend:output_type -> lbd.v1.DeleteBackendResponse
+	41, // 101: lbd.v1.LoadBalancerService.TraceFlow:output_type -> lbd.v1.TraceFlowResponse
+	44, // 102: lbd.v1.LoadBalancerService.ListConnections:output_type -> lbd.v1.ListConnectionsResponse
+	52, // 103: lbd.v1.LoadBalancerService.GetStats:output_type -> lbd.v1.GetStatsResponse
+	47, // 104: lbd.v1.LoadBalancerService.ListSocketTranslations:output_type -> lbd.v1.ListSocketTranslationsResponse
+	56, // 105: lbd.v1.BgpService.CreateBgpPeer:output_type -> lbd.v1.CreateBgpPeerResponse
+	58, // 106: lbd.v1.BgpService.GetBgpPeer:output_type -> lbd.v1.GetBgpPeerResponse
+	60, // 107: lbd.v1.BgpService.ListBgpPeers:output_type -> lbd.v1.ListBgpPeersResponse
+	62, // 108: lbd.v1.BgpService.UpdateBgpPeer:output_type -> lbd.v1.UpdateBgpPeerResponse
+	64, // 109: lbd.v1.BgpService.DeleteBgpPeer:output_type -> lbd.v1.DeleteBgpPeerResponse
+	67, // 110: lbd.v1.BgpService.ListBgpRoutes:output_type -> lbd.v1.ListBgpRoutesResponse
+	70, // 111: lbd.v1.NodeService.GetNode:output_type -> lbd.v1.GetNodeResponse
+	72, // 112: lbd.v1.NodeService.DrainNode:output_type -> lbd.v1.DrainNodeResponse
+	74, // 113: lbd.v1.NodeService.UndrainNode:output_type -> lbd.v1.UndrainNodeResponse
+	76, // 114: lbd.v1.NodeService.DetachNode:output_type -> lbd.v1.DetachNodeResponse
+	89, // [89:115] is the sub-list for method output_type
+	63, // [63:89] is the sub-list for method input_type
+	63, // [63:63] is the sub-list for extension type_name
+	63, // [63:63] is the sub-list for extension extendee
+	0,  // [0:63] is the sub-list for field type_name
 }
 
 func init() { file_lbd_v1_lbd_proto_init() }
@@ -4802,7 +5048,7 @@ func file_lbd_v1_lbd_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lbd_v1_lbd_proto_rawDesc), len(file_lbd_v1_lbd_proto_rawDesc)),
 			NumEnums:      10,
-			NumMessages:   64,
+			NumMessages:   67,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -22,21 +22,22 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	LoadBalancerService_CreateService_FullMethodName   = "/lbd.v1.LoadBalancerService/CreateService"
-	LoadBalancerService_GetService_FullMethodName      = "/lbd.v1.LoadBalancerService/GetService"
-	LoadBalancerService_ListServices_FullMethodName    = "/lbd.v1.LoadBalancerService/ListServices"
-	LoadBalancerService_UpdateService_FullMethodName   = "/lbd.v1.LoadBalancerService/UpdateService"
-	LoadBalancerService_DeleteService_FullMethodName   = "/lbd.v1.LoadBalancerService/DeleteService"
-	LoadBalancerService_ApplyServices_FullMethodName   = "/lbd.v1.LoadBalancerService/ApplyServices"
-	LoadBalancerService_WatchServices_FullMethodName   = "/lbd.v1.LoadBalancerService/WatchServices"
-	LoadBalancerService_CreateBackend_FullMethodName   = "/lbd.v1.LoadBalancerService/CreateBackend"
-	LoadBalancerService_GetBackend_FullMethodName      = "/lbd.v1.LoadBalancerService/GetBackend"
-	LoadBalancerService_ListBackends_FullMethodName    = "/lbd.v1.LoadBalancerService/ListBackends"
-	LoadBalancerService_UpdateBackend_FullMethodName   = "/lbd.v1.LoadBalancerService/UpdateBackend"
-	LoadBalancerService_DeleteBackend_FullMethodName   = "/lbd.v1.LoadBalancerService/DeleteBackend"
-	LoadBalancerService_TraceFlow_FullMethodName       = "/lbd.v1.LoadBalancerService/TraceFlow"
-	LoadBalancerService_ListConnections_FullMethodName = "/lbd.v1.LoadBalancerService/ListConnections"
-	LoadBalancerService_GetStats_FullMethodName        = "/lbd.v1.LoadBalancerService/GetStats"
+	LoadBalancerService_CreateService_FullMethodName          = "/lbd.v1.LoadBalancerService/CreateService"
+	LoadBalancerService_GetService_FullMethodName             = "/lbd.v1.LoadBalancerService/GetService"
+	LoadBalancerService_ListServices_FullMethodName           = "/lbd.v1.LoadBalancerService/ListServices"
+	LoadBalancerService_UpdateService_FullMethodName          = "/lbd.v1.LoadBalancerService/UpdateService"
+	LoadBalancerService_DeleteService_FullMethodName          = "/lbd.v1.LoadBalancerService/DeleteService"
+	LoadBalancerService_ApplyServices_FullMethodName          = "/lbd.v1.LoadBalancerService/ApplyServices"
+	LoadBalancerService_WatchServices_FullMethodName          = "/lbd.v1.LoadBalancerService/WatchServices"
+	LoadBalancerService_CreateBackend_FullMethodName          = "/lbd.v1.LoadBalancerService/CreateBackend"
+	LoadBalancerService_GetBackend_FullMethodName             = "/lbd.v1.LoadBalancerService/GetBackend"
+	LoadBalancerService_ListBackends_FullMethodName           = "/lbd.v1.LoadBalancerService/ListBackends"
+	LoadBalancerService_UpdateBackend_FullMethodName          = "/lbd.v1.LoadBalancerService/UpdateBackend"
+	LoadBalancerService_DeleteBackend_FullMethodName          = "/lbd.v1.LoadBalancerService/DeleteBackend"
+	LoadBalancerService_TraceFlow_FullMethodName              = "/lbd.v1.LoadBalancerService/TraceFlow"
+	LoadBalancerService_ListConnections_FullMethodName        = "/lbd.v1.LoadBalancerService/ListConnections"
+	LoadBalancerService_GetStats_FullMethodName               = "/lbd.v1.LoadBalancerService/GetStats"
+	LoadBalancerService_ListSocketTranslations_FullMethodName = "/lbd.v1.LoadBalancerService/ListSocketTranslations"
 )
 
 // LoadBalancerServiceClient is the client API for LoadBalancerService service.
@@ -80,6 +81,9 @@ type LoadBalancerServiceClient interface {
 	ListConnections(ctx context.Context, in *ListConnectionsRequest, opts ...grpc.CallOption) (*ListConnectionsResponse, error)
 	// GetStats returns datapath counters per service, per backend and per drop reason.
 	GetStats(ctx context.Context, in *GetStatsRequest, opts ...grpc.CallOption) (*GetStatsResponse, error)
+	// ListSocketTranslations lists the sockets of local processes that socket-level load
+	// balancing (datapath.socket_lb) connected to a backend instead of a VIP.
+	ListSocketTranslations(ctx context.Context, in *ListSocketTranslationsRequest, opts ...grpc.CallOption) (*ListSocketTranslationsResponse, error)
 }
 
 type loadBalancerServiceClient struct {
@@ -249,6 +253,16 @@ func (c *loadBalancerServiceClient) GetStats(ctx context.Context, in *GetStatsRe
 	return out, nil
 }
 
+func (c *loadBalancerServiceClient) ListSocketTranslations(ctx context.Context, in *ListSocketTranslationsRequest, opts ...grpc.CallOption) (*ListSocketTranslationsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListSocketTranslationsResponse)
+	err := c.cc.Invoke(ctx, LoadBalancerService_ListSocketTranslations_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // LoadBalancerServiceServer is the server API for LoadBalancerService service.
 // All implementations must embed UnimplementedLoadBalancerServiceServer
 // for forward compatibility.
@@ -290,6 +304,9 @@ type LoadBalancerServiceServer interface {
 	ListConnections(context.Context, *ListConnectionsRequest) (*ListConnectionsResponse, error)
 	// GetStats returns datapath counters per service, per backend and per drop reason.
 	GetStats(context.Context, *GetStatsRequest) (*GetStatsResponse, error)
+	// ListSocketTranslations lists the sockets of local processes that socket-level load
+	// balancing (datapath.socket_lb) connected to a backend instead of a VIP.
+	ListSocketTranslations(context.Context, *ListSocketTranslationsRequest) (*ListSocketTranslationsResponse, error)
 	mustEmbedUnimplementedLoadBalancerServiceServer()
 }
 
@@ -344,6 +361,9 @@ func (UnimplementedLoadBalancerServiceServer) ListConnections(context.Context, *
 }
 func (UnimplementedLoadBalancerServiceServer) GetStats(context.Context, *GetStatsRequest) (*GetStatsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetStats not implemented")
+}
+func (UnimplementedLoadBalancerServiceServer) ListSocketTranslations(context.Context, *ListSocketTranslationsRequest) (*ListSocketTranslationsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListSocketTranslations not implemented")
 }
 func (UnimplementedLoadBalancerServiceServer) mustEmbedUnimplementedLoadBalancerServiceServer() {}
 func (UnimplementedLoadBalancerServiceServer) testEmbeddedByValue()                             {}
@@ -629,6 +649,24 @@ func _LoadBalancerService_GetStats_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _LoadBalancerService_ListSocketTranslations_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListSocketTranslationsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LoadBalancerServiceServer).ListSocketTranslations(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: LoadBalancerService_ListSocketTranslations_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LoadBalancerServiceServer).ListSocketTranslations(ctx, req.(*ListSocketTranslationsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // LoadBalancerService_ServiceDesc is the grpc.ServiceDesc for LoadBalancerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -691,6 +729,10 @@ var LoadBalancerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetStats",
 			Handler:    _LoadBalancerService_GetStats_Handler,
+		},
+		{
+			MethodName: "ListSocketTranslations",
+			Handler:    _LoadBalancerService_ListSocketTranslations_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

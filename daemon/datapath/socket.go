@@ -1,0 +1,219 @@
+//go:build linux
+
+package datapath
+
+import (
+	"bufio"
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf/link"
+	"github.com/lbd-dev/lbd/bpf/lbxdp"
+	"github.com/lbd-dev/lbd/bpf/socklb"
+	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// socketLinkPrefix names the pinned links of the socket-level hooks.
+const socketLinkPrefix = "cgroup-"
+
+// openSocket attaches the socket-level programs to the configured cgroup, on the LB
+// maps; without SocketLB it removes hooks a previous configuration left attached.
+func (m *Manager) openSocket() error {
+	if !m.cfg.SocketLB {
+		return m.dropSocketLinks(0)
+	}
+	cg := m.cfg.SocketCgroup
+	if cg == "" {
+		var err error
+		if cg, err = CgroupRoot(); err != nil {
+			return err
+		}
+	}
+	id, err := socklb.CgroupID(cg)
+	if err != nil {
+		return err
+	}
+	// Hooks pinned for another cgroup (the configuration changed) are detached first:
+	// a process must never be translated by a cgroup lbd no longer serves.
+	if err := m.dropSocketLinks(id); err != nil {
+		return err
+	}
+	opts := socklb.Options{LB: m.lb, PinPath: m.cfg.socketDir(), RevNATSize: m.cfg.SocketRevNATSize}
+	spec, err := socklb.Spec(opts)
+	if err != nil {
+		return err
+	}
+	err = m.loadWithMigration(m.cfg.socketDir(), spec, func() error {
+		var err error
+		if m.sock, err = socklb.Load(opts); err != nil {
+			return fmt.Errorf("load socket-level programs: %+v", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, h := range m.sock.Hooks() {
+		err := m.attach(socketLinkPrefix+h.Name, h.Program, func() (link.Link, error) { return socklb.AttachHook(h, cg) })
+		if err != nil {
+			return err
+		}
+	}
+	m.log.Info("socket-level load balancing attached", "op", "attach", "cgroup", cg)
+	return nil
+}
+
+// dropSocketLinks unpins the socket-level links that are not attached to the cgroup
+// with ID keep (0: all of them), which detaches them.
+func (m *Manager) dropSocketLinks(keep uint64) error {
+	entries, err := os.ReadDir(m.cfg.linksDir())
+	if err != nil {
+		return fmt.Errorf("read pinned links: %w", err)
+	}
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), socketLinkPrefix) {
+			continue
+		}
+		path := filepath.Join(m.cfg.linksDir(), e.Name())
+		l, err := link.LoadPinnedLink(path, nil)
+		if err != nil {
+			return fmt.Errorf("open pinned link %s: %w", e.Name(), err)
+		}
+		info, err := l.Info()
+		l.Close()
+		if err != nil {
+			return fmt.Errorf("read pinned link %s: %w", e.Name(), err)
+		}
+		if cg := info.Cgroup(); keep != 0 && cg != nil && cg.CgroupId == keep {
+			continue
+		}
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("detach %s: %w", e.Name(), err)
+		}
+		m.log.Info("detached socket-level hook", "op", "detach", "link", e.Name())
+	}
+	return nil
+}
+
+// CgroupRoot returns where the cgroup v2 hierarchy is mounted (/sys/fs/cgroup on a
+// unified system, /sys/fs/cgroup/unified in hybrid mode).
+func CgroupRoot() (string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return "", fmt.Errorf("find the cgroup v2 mount: %w", err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// id parent major:minor root mountpoint options [optional...] - fstype source ...
+		fields := strings.Fields(sc.Text())
+		sep := slices.Index(fields, "-")
+		if sep < 0 || sep+1 >= len(fields) || len(fields) < 5 {
+			continue
+		}
+		if fields[sep+1] == "cgroup2" && fields[3] == "/" {
+			return fields[4], nil
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return "", fmt.Errorf("find the cgroup v2 mount: %w", err)
+	}
+	return "", errors.New("no cgroup v2 hierarchy is mounted: socket-level load balancing needs one (mount -t cgroup2 none /sys/fs/cgroup)")
+}
+
+// purgeSocketAffinity drops the socket-level affinity entries of a service that point
+// at a backend its new table no longer holds (drained, down, disabled, removed): an
+// established connection keeps its backend, a new one must not follow affinity there.
+func (m *Manager) purgeSocketAffinity(want *programmed) error {
+	if m.sock == nil || want.svc.AffinityTimeout == 0 {
+		return nil
+	}
+	usable := map[uint32]bool{}
+	for _, id := range want.table {
+		usable[id] = true
+	}
+	n, err := m.sock.PurgeAffinity(want.svc.ID, func(id uint32) bool { return usable[id] })
+	if err != nil {
+		return err
+	}
+	if n > 0 {
+		m.log.Debug("socket-level affinity purged", "op", "write", "service", want.name, "entries", n)
+	}
+	return nil
+}
+
+// socketCounters appends the socket-level counters to a stats response.
+func (m *Manager) socketCounters(resp *lbdv1.GetStatsResponse) error {
+	if m.sock == nil {
+		return nil
+	}
+	s, err := m.sock.Stats()
+	if err != nil {
+		return err
+	}
+	for _, c := range []struct {
+		name string
+		v    uint64
+	}{
+		{"connect", s.Connect}, {"sendmsg", s.Sendmsg}, {"reverse", s.Reverse},
+		{"no_backend", s.NoBackend}, {"revnat_full", s.RevNATFull},
+	} {
+		resp.Reasons = append(resp.Reasons, &lbdv1.Counter{Name: "socket_" + c.name, Packets: c.v})
+	}
+	return nil
+}
+
+// ListSocketTranslations lists the translated sockets of local processes.
+func (m *Manager) ListSocketTranslations(_ context.Context, r *lbdv1.ListSocketTranslationsRequest) (*lbdv1.ListSocketTranslationsResponse, error) {
+	if m.sock == nil {
+		return nil, status.Error(codes.FailedPrecondition, "socket-level load balancing is not enabled on this node (datapath.socket_lb)")
+	}
+	limit := int(r.Limit)
+	if limit == 0 {
+		limit = 1000
+	}
+	ts, err := m.sock.Translations()
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "list socket translations: %v", err)
+	}
+	m.mu.Lock()
+	names := map[uint32]string{}
+	for id, p := range m.programmed {
+		names[id] = p.name
+	}
+	m.mu.Unlock()
+	slices.SortFunc(ts, func(a, b socklb.Translation) int {
+		return cmp.Or(cmp.Compare(a.Created, b.Created), cmp.Compare(a.Cookie, b.Cookie))
+	})
+	now, wall := lbxdp.MonotonicNow(), time.Now()
+	match := func(s string, a netip.Addr) bool { return s == "" || s == a.String() }
+	resp := &lbdv1.ListSocketTranslationsResponse{}
+	for _, t := range ts {
+		if !match(r.Vip, t.Service.Addr()) || !match(r.BackendAddress, t.Backend.Addr()) {
+			continue
+		}
+		if len(resp.Translations) == limit {
+			resp.Truncated = true
+			break
+		}
+		resp.Translations = append(resp.Translations, &lbdv1.SocketTranslation{
+			SocketCookie: t.Cookie, Protocol: protoEnum(t.Proto), ServiceName: names[t.ServiceID],
+			Vip: t.Service.Addr().String(), VipPort: uint32(t.Service.Port()),
+			BackendAddress: t.Backend.Addr().String(), BackendPort: uint32(t.Backend.Port()),
+			CreateTime: timestamppb.New(wall.Add(t.Created - now)),
+		})
+	}
+	return resp, nil
+}
