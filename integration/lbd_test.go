@@ -139,6 +139,9 @@ func (d *daemon) args() []string {
 	} else {
 		a = append(a, "--lb-source", fabric4.String(), "--lb-source", fabric6.String())
 	}
+	if d.tb.opts.socketLB && d.node == d.tb.backends[0] {
+		a = append(a, "--socket-lb-cgroup", d.tb.cgroup)
+	}
 	return a
 }
 

@@ -30,6 +30,13 @@ type proc struct {
 // <dir>/<name>.log. The process is killed when the test ends if it still runs, and its
 // log is shown if the test failed.
 func (tb *testbed) spawn(name, ns string, env []string, argv ...string) *proc {
+	tb.t.Helper()
+	return tb.spawnIn(name, ns, "", env, argv...)
+}
+
+// spawnIn is spawn with the process started inside the cgroup v2 directory cgroup
+// (none if empty).
+func (tb *testbed) spawnIn(name, ns, cgroup string, env []string, argv ...string) *proc {
 	t := tb.t
 	t.Helper()
 	p := &proc{name: name, log: filepath.Join(tb.dir, name+".log"), exited: make(chan struct{})}
@@ -49,6 +56,15 @@ func (tb *testbed) spawn(name, ns string, env []string, argv ...string) *proc {
 	}
 	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stdout, p.cmd.Stderr = f, f
+	if cgroup != "" {
+		cg, err := os.Open(cgroup)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cg.Close()
+		// Its own process group too, so that kill stops a shell's children with it.
+		p.cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd()), Setpgid: true}
+	}
 	if err := p.cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)
 	}
@@ -80,7 +96,11 @@ func (p *proc) kill() {
 	if !p.running() {
 		return
 	}
-	p.cmd.Process.Signal(syscall.SIGKILL)
+	if a := p.cmd.SysProcAttr; a != nil && a.Setpgid {
+		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) // the group this test started
+	} else {
+		p.cmd.Process.Signal(syscall.SIGKILL)
+	}
 	select {
 	case <-p.exited:
 	case <-time.After(10 * time.Second):

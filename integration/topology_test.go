@@ -60,6 +60,9 @@ type options struct {
 	// noGracefulRestart leaves graceful restart off on the LB daemons' BGP sessions:
 	// the router then drops a node's routes as soon as its session ends.
 	noGracefulRestart bool
+	// socketLB gives the first backend node's lbd socket-level load balancing for the
+	// processes of a cgroup the testbed creates (testbed.cgroup).
+	socketLB bool
 }
 
 // node is an LB or backend node: a namespace with one uplink into the fabric bridge.
@@ -94,6 +97,7 @@ type testbed struct {
 	lbs, backends                []*node
 
 	bpffs       string // base bpffs directory, one subdirectory per node
+	cgroup      string // cgroup v2 directory of socket-level load balancing (options.socketLB)
 	lbdBin      string
 	lbctlBin    string
 	router      *bird
@@ -158,6 +162,9 @@ func newTestbed(t *testing.T, opts options) *testbed {
 		run(t, "ip", "netns", "add", ns)
 	}
 	tb.setupBPFFS()
+	if opts.socketLB {
+		tb.setupCgroup()
+	}
 	tb.setupLinks()
 	tb.setupAddresses()
 	tb.setupKernel()
