@@ -203,6 +203,36 @@ func TestSocketLB(t *testing.T) {
 		})
 	})
 
+	t.Run("UDP unconnected and connected", func(t *testing.T) {
+		dns := netip.AddrPortFrom(vip4, dnsPort)
+		out, errOut, err := runIn(be1.ns, tb.cgroup, 10*time.Second, "python3", "-c", pyUDP, vip4.String(), fmt.Sprint(dnsPort), "5")
+		if err != nil {
+			t.Fatalf("UDP client in the cgroup: %v: %s", err, errOut)
+		}
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if len(lines) != 11 {
+			t.Fatalf("UDP client printed %q, want 5 unconnected answers, 5 connected ones and getpeername", out)
+		}
+		unconnected := map[string]bool{}
+		for i, line := range lines[:10] {
+			// "<source as the application sees it> <node that answered>"
+			f := strings.Fields(line)
+			if len(f) != 2 || f[0] != dns.String() || tb.byName(f[1]) == nil {
+				t.Errorf("datagram %d: %q, want an answer from %s by a backend", i, line, dns)
+				continue
+			}
+			if i < 5 {
+				unconnected[f[1]] = true
+			}
+		}
+		if len(unconnected) != 1 {
+			t.Errorf("one unconnected socket's datagrams reached %v: want one backend", unconnected)
+		}
+		if lines[10] != "peer "+dns.String() {
+			t.Errorf("getpeername() of the connected UDP socket: %q, want %s", lines[10], dns)
+		}
+	})
+
 	t.Run("no backend refuses at once", func(t *testing.T) {
 		d.lbctl(t, "service", "create", "empty", "--vip", vip4.String(), "--port", "7777", "--protocol", "tcp")
 		time.Sleep(300 * time.Millisecond)
@@ -239,8 +269,8 @@ func TestSocketLB(t *testing.T) {
 		for _, r := range st.GetReasons() {
 			got[r.GetName()] = r.GetPackets()
 		}
-		if got["socket_connect"] < 34 || got["socket_no_backend"] < 20 || got["socket_reverse"] == 0 {
-			t.Errorf("socket counters %v: want ≥ 34 connects, ≥ 20 refusals, some reverse translations", got)
+		if got["socket_connect"] < 35 || got["socket_sendmsg"] < 5 || got["socket_no_backend"] < 20 || got["socket_reverse"] < 10 {
+			t.Errorf("socket counters %v: want ≥ 35 connects, ≥ 5 sends, ≥ 20 refusals, ≥ 10 reverse translations", got)
 		}
 		metrics := run(t, "nsenter", "--net=/run/netns/"+be1.ns, "--", "curl", "-sS", "http://"+metricsAddr+"/metrics")
 		if !strings.Contains(metrics, `lbd_socket_lb_calls_total{event="connect"}`) {
@@ -314,3 +344,33 @@ for _ in range(int(sys.argv[3])):
     s.sendall(b"x\n")
     print(s.makefile().readline().split()[0])
     s.close()`
+
+// pyUDP sends argv[3] datagrams from one unconnected socket to argv[1]:argv[2], then
+// argv[3] from one connected socket, printing for each answer the source the
+// application sees and the answering node; then the connected socket's getpeername().
+const pyUDP = `import socket, sys
+dst = (sys.argv[1], int(sys.argv[2]))
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.settimeout(3)
+for i in range(int(sys.argv[3])):
+    u.sendto(b"u%d" % i, dst)
+    data, src = u.recvfrom(2048)
+    print("%s:%d" % src, data.split()[0].decode())
+c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+c.settimeout(3)
+c.connect(dst)
+for i in range(int(sys.argv[3])):
+    c.send(b"c%d" % i)
+    data, src = c.recvfrom(2048)
+    print("%s:%d" % src, data.split()[0].decode())
+print("peer %s:%d" % c.getpeername())`
+
+// byName returns the backend node called name, nil if none.
+func (tb *testbed) byName(name string) *node {
+	for _, be := range tb.backends {
+		if be.name == name {
+			return be
+		}
+	}
+	return nil
+}
