@@ -131,9 +131,15 @@ func (m *Manager) write(old, want *programmed) error {
 		} else if err := m.lb.UpdateMaglevTable(want.svc.ID, old.table, want.table); err != nil {
 			return err
 		}
-	}
-	if err := m.purgeSocketAffinity(want); err != nil {
-		return err
+		if want.svc.AffinityTimeout > 0 {
+			usable := map[uint32]bool{}
+			for _, id := range want.table {
+				usable[id] = true
+			}
+			if err := m.purgeAffinity(want.svc.ID, func(id uint32) bool { return usable[id] }); err != nil {
+				return err
+			}
+		}
 	}
 	return m.writeAfter(old, want)
 }
@@ -208,6 +214,39 @@ func (m *Manager) writeAfter(old, want *programmed) error {
 	return nil
 }
 
+// purgeAffinity drops the affinity entries (XDP and socket-level) of service id whose
+// backend keep rejects. A table change passes the backends still in the table: a
+// drained, down, disabled or removed backend keeps its established flows (conntrack),
+// but no new flow may follow affinity to it, as none may reach it through the table.
+// Removing a service drops all of its entries, so that a service that later gets the
+// same ID does not inherit them.
+func (m *Manager) purgeAffinity(id uint32, keep func(backendID uint32) bool) error {
+	entries, err := m.lb.Affinity()
+	if err != nil {
+		return err
+	}
+	n := 0
+	for _, e := range entries {
+		if e.ServiceID == id && !keep(e.BackendID) {
+			if err := m.lb.DeleteAffinity(e.ServiceID, e.Client); err != nil {
+				return err
+			}
+			n++
+		}
+	}
+	if m.sock != nil {
+		sn, err := m.sock.PurgeAffinity(id, keep)
+		if err != nil {
+			return err
+		}
+		n += sn
+	}
+	if n > 0 {
+		m.log.Debug("affinity purged", "op", "write", "service_id", id, "entries", n)
+	}
+	return nil
+}
+
 // Delete implements reconcile.Datapath.
 func (m *Manager) Delete(_ context.Context, svc *lbdv1.Service) error {
 	if m.lb == nil {
@@ -249,6 +288,9 @@ func (m *Manager) remove(id uint32) error {
 		}
 	}
 	if err := m.lb.ResetServiceCounters(id); err != nil {
+		return err
+	}
+	if err := m.purgeAffinity(id, func(uint32) bool { return false }); err != nil {
 		return err
 	}
 	delete(m.programmed, id)

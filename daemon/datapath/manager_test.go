@@ -12,6 +12,7 @@ import (
 
 	"github.com/lbd-dev/lbd/bpf/lbxdp"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 func ctEntries(n int, svc, firstBackend, backends uint32, expires time.Duration, srcNet byte) []lbxdp.CTEntry {
@@ -215,5 +216,52 @@ func TestTwoNodesChooseTheSameBackend(t *testing.T) {
 	}
 	if len(seen) != 7 {
 		t.Errorf("1,000 flows reached %d of 7 backends: %v", len(seen), seen)
+	}
+}
+
+// TestAffinityFollowsTheTable: draining a backend removes the affinity entries that
+// point at it (new flows would otherwise follow affinity to it) and keeps the others;
+// deleting the service removes all of its entries, so that a service that later gets
+// its ID starts without them.
+func TestAffinityFollowsTheTable(t *testing.T) {
+	n := newNode(t)
+	m := n.open(t, n.config(1<<16))
+	mk := func(s2 lbdv1.BackendState) *lbdv1.Service {
+		s := service(1, "web", "203.0.113.10", 80, 251, backend(1, "198.18.10.1", 8080, active), backend(2, "198.18.10.2", 8080, s2))
+		s.SessionAffinity = &lbdv1.SessionAffinity{Timeout: durationpb.New(time.Hour)}
+		return s
+	}
+	ctx := context.Background()
+	if _, err := m.Sync(ctx, []*lbdv1.Service{mk(active)}); err != nil {
+		t.Fatal(err)
+	}
+	clients := map[uint32]netip.Addr{1: netip.MustParseAddr("198.51.100.1"), 2: netip.MustParseAddr("198.51.100.2")}
+	for bid, c := range clients {
+		if err := m.lb.SetAffinity(lbxdp.AffinityEntry{ServiceID: 1, Client: c, BackendID: bid, LastSeen: lbxdp.MonotonicNow()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	backends := func() map[uint32]bool {
+		es, err := m.lb.Affinity()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[uint32]bool{}
+		for _, e := range es {
+			got[e.BackendID] = true
+		}
+		return got
+	}
+	if _, err := m.Upsert(ctx, mk(lbdv1.BackendState_BACKEND_STATE_DRAINING)); err != nil {
+		t.Fatal(err)
+	}
+	if got := backends(); !got[1] || got[2] {
+		t.Errorf("after draining backend 2, affinity entries point at backends %v, want only 1", got)
+	}
+	if err := m.Delete(ctx, mk(lbdv1.BackendState_BACKEND_STATE_DRAINING)); err != nil {
+		t.Fatal(err)
+	}
+	if got := backends(); len(got) != 0 {
+		t.Errorf("after deleting the service, affinity entries point at backends %v", got)
 	}
 }

@@ -133,27 +133,6 @@ func CgroupRoot() (string, error) {
 	return "", errors.New("no cgroup v2 hierarchy is mounted: socket-level load balancing needs one (mount -t cgroup2 none /sys/fs/cgroup)")
 }
 
-// purgeSocketAffinity drops the socket-level affinity entries of a service that point
-// at a backend its new table no longer holds (drained, down, disabled, removed): an
-// established connection keeps its backend, a new one must not follow affinity there.
-func (m *Manager) purgeSocketAffinity(want *programmed) error {
-	if m.sock == nil || want.svc.AffinityTimeout == 0 {
-		return nil
-	}
-	usable := map[uint32]bool{}
-	for _, id := range want.table {
-		usable[id] = true
-	}
-	n, err := m.sock.PurgeAffinity(want.svc.ID, func(id uint32) bool { return usable[id] })
-	if err != nil {
-		return err
-	}
-	if n > 0 {
-		m.log.Debug("socket-level affinity purged", "op", "write", "service", want.name, "entries", n)
-	}
-	return nil
-}
-
 // socketCounters appends the socket-level counters to a stats response.
 func (m *Manager) socketCounters(resp *lbdv1.GetStatsResponse) error {
 	if m.sock == nil {
