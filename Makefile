@@ -30,7 +30,7 @@ build: ## build bin/lbd, bin/lbctl and bin/lbd-k8s-adapter
 	go build -ldflags "$(LDFLAGS)" -o bin/lbctl ./cmd/lbctl
 	go build -ldflags "$(LDFLAGS)" -o bin/lbd-k8s-adapter ./cmd/lbd-k8s-adapter
 
-k8s-testbin: ## build kube-apiserver and etcd for the adapter's tests (cached in ~/.cache/lbd)
+k8s-testbin: ## build kube-apiserver, etcd and kubectl for the adapter's and manifests' tests (cached in ~/.cache/lbd)
 	cmd/lbd-k8s-adapter/testbin/build.sh
 
 generate: ## regenerate protobuf and bpf2go output (committed) with the pinned toolchain

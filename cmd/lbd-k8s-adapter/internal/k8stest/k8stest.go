@@ -1,6 +1,7 @@
 // Package k8stest starts a real kube-apiserver and etcd for the adapter's integration
-// tests, from binaries built by cmd/lbd-k8s-adapter/testbin/build.sh. It never downloads:
-// without the binaries, tests skip and name the command that builds them.
+// tests, and finds kubectl, from binaries built by cmd/lbd-k8s-adapter/testbin/build.sh.
+// It never downloads: without the binaries, tests skip and name the command that builds
+// them.
 package k8stest
 
 import (
@@ -37,8 +38,25 @@ func AssetsDir() string {
 
 // Missing returns why the binaries cannot be used, or "" when they are there.
 func Missing() string {
+	return missing("kube-apiserver", "etcd")
+}
+
+// MissingKubectl returns why Kubectl cannot be used, or "" when it is there. Missing does
+// not look for it, so the tests that need no kubectl still run with a cache built before
+// build.sh built kubectl.
+func MissingKubectl() string {
+	return missing("kubectl")
+}
+
+// Kubectl is the path of the kubectl that build.sh builds next to the apiserver, at the
+// same version, so that its client-side checks and the server agree.
+func Kubectl() string {
+	return filepath.Join(AssetsDir(), "kubectl")
+}
+
+func missing(bins ...string) string {
 	dir := AssetsDir()
-	for _, bin := range []string{"kube-apiserver", "etcd"} {
+	for _, bin := range bins {
 		if st, err := os.Stat(filepath.Join(dir, bin)); err != nil || st.Mode()&0o111 == 0 {
 			return fmt.Sprintf("no %s in %q: build the test binaries with %s (or set KUBEBUILDER_ASSETS)", bin, dir, BuildCommand)
 		}
