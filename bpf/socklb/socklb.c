@@ -36,6 +36,18 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sk_revnat SEC(".maps");
 
+/* The sk_revnat key of a connected socket, kept with the socket itself. When a
+ * blocking connect() fails (refused, timed out), the kernel clears the socket's peer
+ * (tcp_disconnect) before sock_release runs, so the peer address could no longer name
+ * the entry to delete; and a UDP socket that connects again leaves its previous
+ * entry behind. Not pinned: the kernel frees it with the socket. */
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct sk_rev_key);
+} sk_peer SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, SK_DEFAULT_UDP_SIZE);
@@ -247,6 +259,15 @@ LBD_INLINE int sk_translate(struct bpf_sock_addr *ctx, struct sk_addr *a, int ud
 	rk.port = a->port;
 	rk.family = a->family;
 	rk.proto = a->proto;
+	if (!udp_sticky) {
+		struct sk_rev_key *peer = bpf_sk_storage_get(&sk_peer, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+
+		if (peer) {
+			if (peer->cookie)
+				bpf_map_delete_elem(&sk_revnat, peer);
+			*peer = rk;
+		}
+	}
 	if (bpf_map_update_elem(&sk_revnat, &rk, &rev, BPF_ANY))
 		sk_count(SK_STAT_REVNAT_FULL);
 	sk_count(udp_sticky ? SK_STAT_SENDMSG : SK_STAT_CONNECT);
@@ -380,17 +401,22 @@ int sk_getpeername6(struct bpf_sock_addr *ctx)
 	return sk_backward6(ctx);
 }
 
-/* A closing socket takes its connected peer's reverse entry with it; entries of
- * unconnected UDP sockets (one per backend they sent to) age out of the LRU. */
+/* A closing socket takes its connected peer's reverse entry with it: the key kept in
+ * sk_peer, and the one its peer address names (sockets translated by programs that
+ * had no sk_peer yet); entries of unconnected UDP sockets (one per backend they sent
+ * to) age out of the LRU. */
 SEC("cgroup/sock_release")
 int sk_release(struct bpf_sock *ctx)
 {
-	struct sk_rev_key rk = {};
+	struct sk_rev_key rk = {}, *peer;
 	__u32 w[4];
 
 	rk.proto = sk_proto(ctx->type, ctx->protocol);
 	if (!rk.proto)
 		return 1;
+	peer = bpf_sk_storage_get(&sk_peer, ctx, 0, 0);
+	if (peer && peer->cookie)
+		bpf_map_delete_elem(&sk_revnat, peer);
 	rk.cookie = bpf_get_socket_cookie(ctx);
 	rk.port = ctx->dst_port;
 	if (ctx->family == SK_AF_INET) {

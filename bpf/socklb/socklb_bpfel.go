@@ -127,6 +127,7 @@ const (
 	socklbMapLbServices      = "lb_services"
 	socklbMapLbVips          = "lb_vips"
 	socklbMapSkAffinity      = "sk_affinity"
+	socklbMapSkPeer          = "sk_peer"
 	socklbMapSkRevnat        = "sk_revnat"
 	socklbMapSkStats         = "sk_stats"
 	socklbMapSkUdpBackend    = "sk_udp_backend"
@@ -204,6 +205,7 @@ type socklbMapSpecs struct {
 	LbServices   *ebpf.MapSpec `ebpf:"lb_services"`
 	LbVips       *ebpf.MapSpec `ebpf:"lb_vips"`
 	SkAffinity   *ebpf.MapSpec `ebpf:"sk_affinity"`
+	SkPeer       *ebpf.MapSpec `ebpf:"sk_peer"`
 	SkRevnat     *ebpf.MapSpec `ebpf:"sk_revnat"`
 	SkStats      *ebpf.MapSpec `ebpf:"sk_stats"`
 	SkUdpBackend *ebpf.MapSpec `ebpf:"sk_udp_backend"`
@@ -241,6 +243,7 @@ type socklbMaps struct {
 	LbServices   *ebpf.Map `ebpf:"lb_services"`
 	LbVips       *ebpf.Map `ebpf:"lb_vips"`
 	SkAffinity   *ebpf.Map `ebpf:"sk_affinity"`
+	SkPeer       *ebpf.Map `ebpf:"sk_peer"`
 	SkRevnat     *ebpf.Map `ebpf:"sk_revnat"`
 	SkStats      *ebpf.Map `ebpf:"sk_stats"`
 	SkUdpBackend *ebpf.Map `ebpf:"sk_udp_backend"`
@@ -254,6 +257,7 @@ func (m *socklbMaps) Close() error {
 		m.LbServices,
 		m.LbVips,
 		m.SkAffinity,
+		m.SkPeer,
 		m.SkRevnat,
 		m.SkStats,
 		m.SkUdpBackend,
