@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf/link"
+	"github.com/hashicorp/go-hclog"
 	"github.com/lbd-dev/lbd/bpf/lbxdp"
 	"github.com/lbd-dev/lbd/bpf/socklb"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
@@ -32,7 +33,7 @@ const socketLinkPrefix = "cgroup-"
 // maps; without SocketLB it removes hooks a previous configuration left attached.
 func (m *Manager) openSocket() error {
 	if !m.cfg.SocketLB {
-		return m.dropSocketLinks(0)
+		return dropSocketLinks(m.cfg.linksDir(), 0, m.log)
 	}
 	cg := m.cfg.SocketCgroup
 	if cg == "" {
@@ -47,7 +48,7 @@ func (m *Manager) openSocket() error {
 	}
 	// Hooks pinned for another cgroup (the configuration changed) are detached first:
 	// a process must never be translated by a cgroup lbd no longer serves.
-	if err := m.dropSocketLinks(id); err != nil {
+	if err := dropSocketLinks(m.cfg.linksDir(), id, m.log); err != nil {
 		return err
 	}
 	opts := socklb.Options{LB: m.lb, PinPath: m.cfg.socketDir(), RevNATSize: m.cfg.SocketRevNATSize}
@@ -75,10 +76,21 @@ func (m *Manager) openSocket() error {
 	return nil
 }
 
-// dropSocketLinks unpins the socket-level links that are not attached to the cgroup
-// with ID keep (0: all of them), which detaches them.
-func (m *Manager) dropSocketLinks(keep uint64) error {
-	entries, err := os.ReadDir(m.cfg.linksDir())
+// DetachSocketLB removes the socket-level hooks pinned under a bpffs directory, for a
+// node that runs without a datapath (no role) and so never opens a Manager, which
+// would otherwise do it: with socket_lb off, no process may stay translated by hooks
+// a previous configuration attached.
+func DetachSocketLB(bpffsDir string, log hclog.Logger) error {
+	return dropSocketLinks(filepath.Join(bpffsDir, "links"), 0, log)
+}
+
+// dropSocketLinks unpins the socket-level links under dir that are not attached to the
+// cgroup with ID keep (0: all of them), which detaches them.
+func dropSocketLinks(dir string, keep uint64, log hclog.Logger) error {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("read pinned links: %w", err)
 	}
@@ -86,7 +98,7 @@ func (m *Manager) dropSocketLinks(keep uint64) error {
 		if !strings.HasPrefix(e.Name(), socketLinkPrefix) {
 			continue
 		}
-		path := filepath.Join(m.cfg.linksDir(), e.Name())
+		path := filepath.Join(dir, e.Name())
 		l, err := link.LoadPinnedLink(path, nil)
 		if err != nil {
 			return fmt.Errorf("open pinned link %s: %w", e.Name(), err)
@@ -102,7 +114,7 @@ func (m *Manager) dropSocketLinks(keep uint64) error {
 		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("detach %s: %w", e.Name(), err)
 		}
-		m.log.Info("detached socket-level hook", "op", "detach", "link", e.Name())
+		log.Info("detached socket-level hook", "op", "detach", "link", e.Name())
 	}
 	return nil
 }

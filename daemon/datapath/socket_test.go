@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hashicorp/go-hclog"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -118,6 +119,19 @@ func TestSocketLBLifecycle(t *testing.T) {
 		t.Errorf("list socket translations with it off: %v, want FailedPrecondition", err)
 	}
 	m.Close()
+
+	// A node without a role opens no Manager: lbd removes the hooks directly.
+	m = n.open(t, cfg)
+	m.Close()
+	if got := cgroupPrograms(t, b); len(got) != 9 {
+		t.Fatalf("cgroup b has programs %v, want the 9 hooks", got)
+	}
+	if err := DetachSocketLB(cfg.BPFFSDir, hclog.NewNullLogger()); err != nil {
+		t.Fatal(err)
+	}
+	if got := cgroupPrograms(t, b); len(got) != 0 {
+		t.Errorf("cgroup b keeps programs %v after DetachSocketLB", got)
+	}
 
 	m = n.open(t, cfg)
 	if err := m.Detach(context.Background()); err != nil {

@@ -263,6 +263,16 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 		defer mgr.Close()
 		apiDP = mgr
 	}
+	if mgr == nil {
+		// Hooks a previous configuration attached must not keep translating.
+		err := datapath.DetachSocketLB(cfg.Datapath.BPFFSDir, log.Named("datapath"))
+		if errors.Is(err, os.ErrPermission) {
+			// An unprivileged control plane cannot have attached any.
+			log.Warn("cannot look for socket-level hooks to detach", "op", "start", "error", err)
+		} else if err != nil {
+			return fmt.Errorf("detach socket-level load balancing: %w", err)
+		}
+	}
 	var met *metrics.Metrics
 	if mgr != nil {
 		met = metrics.New(func() (*lbdv1.GetStatsResponse, error) { return mgr.GetStats(ctx, nil) },
