@@ -167,7 +167,9 @@ LBD_INLINE __u32 sk_choose(struct bpf_sock_addr *ctx, const struct lb_service *s
 	if (svc->flags & LB_SVC_AFFINITY) {
 		ak.netns_cookie = netns;
 		aff = bpf_map_lookup_elem(&sk_affinity, &ak);
-		if (aff && now - aff->last_seen_ns <= (__u64)svc->affinity_timeout * NSEC_PER_SEC &&
+		/* A timestamp ahead of this CPU's clock counts as fresh. */
+		if (aff && (now < aff->last_seen_ns ||
+			    now - aff->last_seen_ns <= (__u64)svc->affinity_timeout * NSEC_PER_SEC) &&
 		    lb_backend_get(aff->backend_id)) {
 			aff->last_seen_ns = now;
 			return aff->backend_id;
