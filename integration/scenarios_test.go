@@ -527,6 +527,40 @@ func TestPathMTU(t *testing.T) {
 	t.Logf("too-big packets: %d; client route: %s", after-before, strings.Join(strings.Fields(route), " "))
 }
 
+// TestPathMTUv6: the same over IPv6: an IPv6 client packet that no longer fits the
+// 1500-byte fabric once wrapped in IPv6, UDP, Geneve and the 24-byte IPv6 DSR option is
+// answered with ICMPv6 "packet too big" carrying 1500 minus that overhead (94 bytes,
+// the inner Ethernet header included); the client learns it and the upload completes.
+func TestPathMTUv6(t *testing.T) {
+	tb := newLB(t, options{fabricMTU: 1500, noAdvmss: true})
+	var web6 []string
+	for _, be := range tb.backends {
+		web6 = append(web6, netip.AddrPortFrom(be.addr6, httpPort).String())
+	}
+	tb.createService(t, svcSpec{"web6", vip6, webPort, "tcp", web6})
+	var before uint64
+	for _, lb := range tb.lbs {
+		before += lb.lbd.reasonCount(t, "lb_drop_too_big")
+	}
+	const n = 20 << 20
+	if _, err := tb.upload(n, netip.AddrPortFrom(vip6, webPort)); err != nil {
+		t.Fatal(err)
+	}
+	var after uint64
+	for _, lb := range tb.lbs {
+		after += lb.lbd.reasonCount(t, "lb_drop_too_big")
+	}
+	if after == before {
+		t.Error("no LB node counted a too-big packet: the upload never needed the ICMPv6 path")
+	}
+	route := run(t, "ip", "-n", tb.clientNS, "-6", "route", "get", vip6.String())
+	want := fmt.Sprintf("mtu %d", 1500-94)
+	if !strings.Contains(route, want) {
+		t.Errorf("client route to the VIP: %q, want the learnt %q", strings.TrimSpace(route), want)
+	}
+	t.Logf("too-big packets: %d; client route: %s", after-before, strings.Join(strings.Fields(route), " "))
+}
+
 // TestIPv6VIP: an IPv6 VIP end to end, over an IPv6 fabric and over the IPv4 fabric
 // (backends given an IPv4 node address), TCP and UDP.
 func TestIPv6VIP(t *testing.T) {
