@@ -8,6 +8,9 @@ import (
 	"strconv"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 )
@@ -118,21 +121,43 @@ func (a *app) backendRemoveCommand() *cobra.Command {
 
 // backendStateCommand sets a backend's state. A backend in one of the refused states is
 // left alone: "undrain" must not revive a disabled backend, nor "enable" a draining one.
+// The server checks the current state and changes it in one step, so a concurrent change
+// is never decided on from a stale read.
 func (a *app) backendStateCommand(use, short string, to lbdv1.BackendState, refuse ...lbdv1.BackendState) *cobra.Command {
+	var from []lbdv1.BackendState
+	for _, st := range []lbdv1.BackendState{
+		lbdv1.BackendState_BACKEND_STATE_ACTIVE, lbdv1.BackendState_BACKEND_STATE_DRAINING, lbdv1.BackendState_BACKEND_STATE_DISABLED,
+	} {
+		if !slices.Contains(refuse, st) {
+			from = append(from, st)
+		}
+	}
 	return &cobra.Command{
 		Use:               use + " SERVICE ADDR:PORT",
 		Short:             short,
 		Args:              exactArgs("SERVICE", "ADDR:PORT"),
 		ValidArgsFunction: a.completeArgs(a.completeServices, a.completeBackends),
 		RunE: a.run(func(ctx context.Context, _ *cobra.Command, args []string) error {
-			return a.updateBackend(ctx, args[0], args[1], func(b *lbdv1.Backend) error {
-				if slices.Contains(refuse, b.State) {
-					return fmt.Errorf("backend %s of service %q is %s: '%s' does not apply",
-						formatEndpoint(b.Address, b.Port), args[0], label(b.State, "active"), use)
-				}
-				b.State = to
-				return nil
-			}, label(to, "active"))
+			req := &lbdv1.UpdateBackendRequest{
+				Backend:        &lbdv1.Backend{State: to},
+				UpdateMask:     &fieldmaskpb.FieldMask{Paths: []string{"state"}},
+				OnlyFromStates: from,
+			}
+			err := a.updateBackend(ctx, args[0], args[1], req, label(to, "active"))
+			if status.Code(err) != codes.FailedPrecondition {
+				return err
+			}
+			// Refused: say which state the backend is in, as read now.
+			lb, lerr := a.lb()
+			if lerr != nil {
+				return err
+			}
+			got, gerr := lb.GetBackend(ctx, &lbdv1.GetBackendRequest{ServiceName: args[0], Address: req.Backend.Address, Port: req.Backend.Port})
+			if gerr != nil || !slices.Contains(refuse, got.Backend.GetState()) {
+				return err
+			}
+			return fmt.Errorf("backend %s of service %q is %s: '%s' does not apply",
+				formatEndpoint(req.Backend.Address, req.Backend.Port), args[0], label(got.Backend.State, "active"), use)
 		}),
 	}
 }
@@ -148,17 +173,19 @@ func (a *app) backendSetWeightCommand() *cobra.Command {
 			if err != nil {
 				return usageErrorf("weight %q is not a number", args[2])
 			}
-			return a.updateBackend(ctx, args[0], args[1], func(b *lbdv1.Backend) error {
-				b.Weight = uint32(w)
-				return nil
-			}, "weight "+args[2])
+			req := &lbdv1.UpdateBackendRequest{
+				Backend:    &lbdv1.Backend{Weight: uint32(w)},
+				UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"weight"}},
+			}
+			return a.updateBackend(ctx, args[0], args[1], req, "weight "+args[2])
 		}),
 	}
 }
 
-// updateBackend reads a backend, changes it with mutate and writes it back: UpdateBackend
-// replaces node address, weight and state together, so the others must be sent as read.
-func (a *app) updateBackend(ctx context.Context, service, addrPort string, mutate func(*lbdv1.Backend) error, done string) error {
+// updateBackend sends req for the backend at addrPort of service. req names the fields
+// it changes (update mask), so the server keeps the others as they are, whatever another
+// client changed meanwhile: no read-modify-write.
+func (a *app) updateBackend(ctx context.Context, service, addrPort string, req *lbdv1.UpdateBackendRequest, done string) error {
 	ap, err := parseAddrPort(addrPort)
 	if err != nil {
 		return err
@@ -167,15 +194,9 @@ func (a *app) updateBackend(ctx context.Context, service, addrPort string, mutat
 	if err != nil {
 		return err
 	}
-	got, err := lb.GetBackend(ctx, &lbdv1.GetBackendRequest{ServiceName: service, Address: ap.Addr().String(), Port: uint32(ap.Port())})
-	if err != nil {
-		return err
-	}
-	b := got.Backend
-	if err := mutate(b); err != nil {
-		return err
-	}
-	resp, err := lb.UpdateBackend(ctx, &lbdv1.UpdateBackendRequest{ServiceName: service, Backend: b})
+	req.ServiceName = service
+	req.Backend.Address, req.Backend.Port = ap.Addr().String(), uint32(ap.Port())
+	resp, err := lb.UpdateBackend(ctx, req)
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
 )
 
 func web() *lbdv1.Service {
@@ -221,6 +222,23 @@ func TestBadRequestsChangeNothing(t *testing.T) {
 			_, err := c.lb.UpdateBackend(bg(), &lbdv1.UpdateBackendRequest{ServiceName: "web", Backend: &lbdv1.Backend{Address: "198.18.1.1", Port: 8080, Weight: 1000}})
 			return err
 		}, codes.InvalidArgument, "backend.weight"},
+		{"backend update unknown mask path", nil, func(c *clients) error {
+			_, err := c.lb.UpdateBackend(bg(), &lbdv1.UpdateBackendRequest{ServiceName: "web", Backend: &lbdv1.Backend{Address: "198.18.1.1", Port: 8080},
+				UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"address"}}})
+			return err
+		}, codes.InvalidArgument, "update_mask"},
+		{"backend update stale revision", nil, func(c *clients) error {
+			_, err := c.lb.UpdateBackend(bg(), &lbdv1.UpdateBackendRequest{ServiceName: "web", Backend: &lbdv1.Backend{Address: "198.18.1.1", Port: 8080, Weight: 2},
+				ExpectedRevision: 999})
+			return err
+		}, codes.FailedPrecondition, "expected_revision"},
+		{"backend update from a state it is not in", nil, func(c *clients) error {
+			_, err := c.lb.UpdateBackend(bg(), &lbdv1.UpdateBackendRequest{ServiceName: "web",
+				Backend:        &lbdv1.Backend{Address: "198.18.1.1", Port: 8080, State: lbdv1.BackendState_BACKEND_STATE_ACTIVE},
+				UpdateMask:     &fieldmaskpb.FieldMask{Paths: []string{"state"}},
+				OnlyFromStates: []lbdv1.BackendState{lbdv1.BackendState_BACKEND_STATE_DRAINING}})
+			return err
+		}, codes.FailedPrecondition, "only_from_states"},
 		{"backend delete missing", nil, func(c *clients) error {
 			_, err := c.lb.DeleteBackend(bg(), &lbdv1.DeleteBackendRequest{ServiceName: "web", Address: "198.18.1.9", Port: 8080})
 			return err

@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -720,19 +721,63 @@ func (s *Store) GetBackend(serviceName, address string, port uint32) (*lbdv1.Bac
 
 // UpdateBackend replaces a backend's node address, weight and state.
 func (s *Store) UpdateBackend(serviceName string, in *lbdv1.Backend) (*lbdv1.Backend, error) {
+	return s.UpdateBackendFields(serviceName, in, BackendUpdate{})
+}
+
+// BackendUpdate says what UpdateBackendFields replaces, and on which conditions.
+type BackendUpdate struct {
+	// Fields are the fields replaced: node_address, weight, state; none: all three.
+	Fields []string
+	// ExpectedRevision, if non-zero, is the revision the service must still be at.
+	ExpectedRevision uint64
+	// FromStates, if not empty, are the states the backend must be in.
+	FromStates []lbdv1.BackendState
+}
+
+// UpdateBackendFields replaces the fields u names of a backend, keeping the others as
+// stored, if u's conditions hold; the conditions are checked and the change made in
+// one transaction.
+func (s *Store) UpdateBackendFields(serviceName string, in *lbdv1.Backend, u BackendUpdate) (*lbdv1.Backend, error) {
 	if in == nil {
 		return nil, invalid("backend", "is required")
+	}
+	fields := u.Fields
+	for _, f := range fields {
+		if !slices.Contains(updatableBackendFields, f) {
+			return nil, invalid("update_mask", "%q is not one of %s", f, strings.Join(updatableBackendFields, ", "))
+		}
 	}
 	key, err := parseBackendRef(in.Address, in.Port)
 	if err != nil {
 		return nil, err
 	}
 	svc, err := s.editBackends(serviceName, func(svc *lbdv1.Service) error {
+		if u.ExpectedRevision != 0 && svc.Revision != u.ExpectedRevision {
+			return failedPrecondition("expected_revision", "service %q is at revision %d, not %d: it changed since it was read", serviceName, svc.Revision, u.ExpectedRevision)
+		}
 		i := findBackend(svc, key)
 		if i < 0 {
 			return notFound("backend %s not found in service %q", key, serviceName)
 		}
-		b, verr := normalizeBackend("backend", in, netip.MustParseAddr(svc.Vip), svc.Port)
+		if st := svc.Backends[i].State; len(u.FromStates) > 0 && !slices.Contains(u.FromStates, st) {
+			return failedPrecondition("only_from_states", "backend %s of service %q is %s, not one of %v", key, serviceName, st, u.FromStates)
+		}
+		merged := in
+		if len(fields) > 0 {
+			// Only the named fields come from in; the rest stay as stored.
+			merged = proto.Clone(svc.Backends[i]).(*lbdv1.Backend)
+			for _, f := range fields {
+				switch f {
+				case "node_address":
+					merged.NodeAddress = in.NodeAddress
+				case "weight":
+					merged.Weight = in.Weight
+				case "state":
+					merged.State = in.State
+				}
+			}
+		}
+		b, verr := normalizeBackend("backend", merged, netip.MustParseAddr(svc.Vip), svc.Port)
 		if verr != nil {
 			return verr
 		}
@@ -744,6 +789,9 @@ func (s *Store) UpdateBackend(serviceName string, in *lbdv1.Backend) (*lbdv1.Bac
 	}
 	return svc.Backends[findBackend(svc, key)], nil
 }
+
+// updatableBackendFields are the fields UpdateBackend may be asked to replace alone.
+var updatableBackendFields = []string{"node_address", "weight", "state"}
 
 // DeleteBackend removes a backend from a service.
 func (s *Store) DeleteBackend(serviceName, address string, port uint32) error {

@@ -13,6 +13,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	fieldmaskpb "google.golang.org/protobuf/types/known/fieldmaskpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -2159,10 +2160,21 @@ func (x *ListBackendsResponse) GetBackends() []*Backend {
 type UpdateBackendRequest struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	ServiceName string                 `protobuf:"bytes,1,opt,name=service_name,json=serviceName,proto3" json:"service_name,omitempty"`
-	// Identified by address and port; node_address, weight and state are replaced.
-	Backend       *Backend `protobuf:"bytes,2,opt,name=backend,proto3" json:"backend,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Identified by address and port; the fields update_mask names are replaced.
+	Backend *Backend `protobuf:"bytes,2,opt,name=backend,proto3" json:"backend,omitempty"`
+	// Fields of backend to replace: "node_address", "weight", "state". Empty replaces all
+	// three. Naming only the field to change keeps concurrent changes to the others.
+	UpdateMask *fieldmaskpb.FieldMask `protobuf:"bytes,3,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
+	// If non-zero, the update fails with FAILED_PRECONDITION unless the service's stored
+	// revision matches: a client that decided from what it read changes nothing if the
+	// service changed since.
+	ExpectedRevision uint64 `protobuf:"varint,4,opt,name=expected_revision,json=expectedRevision,proto3" json:"expected_revision,omitempty"`
+	// If not empty, the update fails with FAILED_PRECONDITION unless the backend's stored
+	// state is one of these: a state change that only applies from some states (undrain
+	// must not revive a disabled backend) is decided atomically, without a read first.
+	OnlyFromStates []BackendState `protobuf:"varint,5,rep,packed,name=only_from_states,json=onlyFromStates,proto3,enum=lbd.v1.BackendState" json:"only_from_states,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *UpdateBackendRequest) Reset() {
@@ -2205,6 +2217,27 @@ func (x *UpdateBackendRequest) GetServiceName() string {
 func (x *UpdateBackendRequest) GetBackend() *Backend {
 	if x != nil {
 		return x.Backend
+	}
+	return nil
+}
+
+func (x *UpdateBackendRequest) GetUpdateMask() *fieldmaskpb.FieldMask {
+	if x != nil {
+		return x.UpdateMask
+	}
+	return nil
+}
+
+func (x *UpdateBackendRequest) GetExpectedRevision() uint64 {
+	if x != nil {
+		return x.ExpectedRevision
+	}
+	return 0
+}
+
+func (x *UpdateBackendRequest) GetOnlyFromStates() []BackendState {
+	if x != nil {
+		return x.OnlyFromStates
 	}
 	return nil
 }
@@ -4476,7 +4509,7 @@ var File_lbd_v1_lbd_proto protoreflect.FileDescriptor
 
 const file_lbd_v1_lbd_proto_rawDesc = "" +
 	"\n" +
-	"\x10lbd/v1/lbd.proto\x12\x06lbd.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd2\x05\n" +
+	"\x10lbd/v1/lbd.proto\x12\x06lbd.v1\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd2\x05\n" +
 	"\aService\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03vip\x18\x02 \x01(\tR\x03vip\x12\x12\n" +
@@ -4584,10 +4617,14 @@ const file_lbd_v1_lbd_proto_rawDesc = "" +
 	"\x13ListBackendsRequest\x12!\n" +
 	"\fservice_name\x18\x01 \x01(\tR\vserviceName\"C\n" +
 	"\x14ListBackendsResponse\x12+\n" +
-	"\bbackends\x18\x01 \x03(\v2\x0f.lbd.v1.BackendR\bbackends\"d\n" +
+	"\bbackends\x18\x01 \x03(\v2\x0f.lbd.v1.BackendR\bbackends\"\x8e\x02\n" +
 	"\x14UpdateBackendRequest\x12!\n" +
 	"\fservice_name\x18\x01 \x01(\tR\vserviceName\x12)\n" +
-	"\abackend\x18\x02 \x01(\v2\x0f.lbd.v1.BackendR\abackend\"B\n" +
+	"\abackend\x18\x02 \x01(\v2\x0f.lbd.v1.BackendR\abackend\x12;\n" +
+	"\vupdate_mask\x18\x03 \x01(\v2\x1a.google.protobuf.FieldMaskR\n" +
+	"updateMask\x12+\n" +
+	"\x11expected_revision\x18\x04 \x01(\x04R\x10expectedRevision\x12>\n" +
+	"\x10only_from_states\x18\x05 \x03(\x0e2\x14.lbd.v1.BackendStateR\x0eonlyFromStates\"B\n" +
 	"\x15UpdateBackendResponse\x12)\n" +
 	"\abackend\x18\x01 \x01(\v2\x0f.lbd.v1.BackendR\abackend\"g\n" +
 	"\x14DeleteBackendRequest\x12!\n" +
@@ -4913,6 +4950,7 @@ var file_lbd_v1_lbd_proto_goTypes = []any{
 	(*DetachNodeResponse)(nil),             // 76: lbd.v1.DetachNodeResponse
 	(*durationpb.Duration)(nil),            // 77: google.protobuf.Duration
 	(*timestamppb.Timestamp)(nil),          // 78: google.protobuf.Timestamp
+	(*fieldmaskpb.FieldMask)(nil),          // 79: google.protobuf.FieldMask
 }
 var file_lbd_v1_lbd_proto_depIdxs = []int32{
 	0,  // 0: lbd.v1.Service.protocol:type_name -> lbd.v1.Protocol
@@ -4948,93 +4986,95 @@ var file_lbd_v1_lbd_proto_depIdxs = []int32{
 	13, // 30: lbd.v1.GetBackendResponse.backend:type_name -> lbd.v1.Backend
 	13, // 31: lbd.v1.ListBackendsResponse.backends:type_name -> lbd.v1.Backend
 	13, // 32: lbd.v1.UpdateBackendRequest.backend:type_name -> lbd.v1.Backend
-	13, // 33: lbd.v1.UpdateBackendResponse.backend:type_name -> lbd.v1.Backend
-	0,  // 34: lbd.v1.TraceFlowRequest.protocol:type_name -> lbd.v1.Protocol
-	13, // 35: lbd.v1.TraceFlowResponse.backend:type_name -> lbd.v1.Backend
-	0,  // 36: lbd.v1.Connection.protocol:type_name -> lbd.v1.Protocol
-	78, // 37: lbd.v1.Connection.last_seen_time:type_name -> google.protobuf.Timestamp
-	43, // 38: lbd.v1.ListConnectionsResponse.connections:type_name -> lbd.v1.Connection
-	0,  // 39: lbd.v1.SocketTranslation.protocol:type_name -> lbd.v1.Protocol
-	78, // 40: lbd.v1.SocketTranslation.create_time:type_name -> google.protobuf.Timestamp
-	46, // 41: lbd.v1.ListSocketTranslationsResponse.translations:type_name -> lbd.v1.SocketTranslation
-	51, // 42: lbd.v1.ServiceStats.backends:type_name -> lbd.v1.BackendStats
-	50, // 43: lbd.v1.GetStatsResponse.services:type_name -> lbd.v1.ServiceStats
-	49, // 44: lbd.v1.GetStatsResponse.reasons:type_name -> lbd.v1.Counter
-	77, // 45: lbd.v1.BgpPeer.hold_time:type_name -> google.protobuf.Duration
-	77, // 46: lbd.v1.BgpPeer.keepalive_interval:type_name -> google.protobuf.Duration
-	77, // 47: lbd.v1.BgpPeer.graceful_restart_time:type_name -> google.protobuf.Duration
-	54, // 48: lbd.v1.BgpPeer.status:type_name -> lbd.v1.BgpPeerStatus
-	9,  // 49: lbd.v1.BgpPeerStatus.state:type_name -> lbd.v1.BgpSessionState
-	78, // 50: lbd.v1.BgpPeerStatus.since_time:type_name -> google.protobuf.Timestamp
-	53, // 51: lbd.v1.CreateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
-	53, // 52: lbd.v1.CreateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
-	53, // 53: lbd.v1.GetBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
-	53, // 54: lbd.v1.ListBgpPeersResponse.peers:type_name -> lbd.v1.BgpPeer
-	53, // 55: lbd.v1.UpdateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
-	53, // 56: lbd.v1.UpdateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
-	66, // 57: lbd.v1.ListBgpRoutesResponse.routes:type_name -> lbd.v1.BgpRoute
-	78, // 58: lbd.v1.Node.start_time:type_name -> google.protobuf.Timestamp
-	68, // 59: lbd.v1.GetNodeResponse.node:type_name -> lbd.v1.Node
-	68, // 60: lbd.v1.DrainNodeResponse.node:type_name -> lbd.v1.Node
-	68, // 61: lbd.v1.UndrainNodeResponse.node:type_name -> lbd.v1.Node
-	68, // 62: lbd.v1.DetachNodeResponse.node:type_name -> lbd.v1.Node
-	16, // 63: lbd.v1.LoadBalancerService.CreateService:input_type -> lbd.v1.CreateServiceRequest
-	18, // 64: lbd.v1.LoadBalancerService.GetService:input_type -> lbd.v1.GetServiceRequest
-	20, // 65: lbd.v1.LoadBalancerService.ListServices:input_type -> lbd.v1.ListServicesRequest
-	22, // 66: lbd.v1.LoadBalancerService.UpdateService:input_type -> lbd.v1.UpdateServiceRequest
-	24, // 67: lbd.v1.LoadBalancerService.DeleteService:input_type -> lbd.v1.DeleteServiceRequest
-	26, // 68: lbd.v1.LoadBalancerService.ApplyServices:input_type -> lbd.v1.ApplyServicesRequest
-	28, // 69: lbd.v1.LoadBalancerService.WatchServices:input_type -> lbd.v1.WatchServicesRequest
-	30, // 70: lbd.v1.LoadBalancerService.CreateBackend:input_type -> lbd.v1.CreateBackendRequest
-	32, // 71: lbd.v1.LoadBalancerService.GetBackend:input_type -> lbd.v1.GetBackendRequest
-	34, // 72: lbd.v1.LoadBalancerService.ListBackends:input_type -> lbd.v1.ListBackendsRequest
-	36, // 73: lbd.v1.LoadBalancerService.UpdateBackend:input_type -> lbd.v1.UpdateBackendRequest
-	38, // 74: lbd.v1.LoadBalancerService.DeleteBackend:input_type -> lbd.v1.DeleteBackendRequest
-	40, // 75: lbd.v1.LoadBalancerService.TraceFlow:input_type -> lbd.v1.TraceFlowRequest
-	42, // 76: lbd.v1.LoadBalancerService.ListConnections:input_type -> lbd.v1.ListConnectionsRequest
-	48, // 77: lbd.v1.LoadBalancerService.GetStats:input_type -> lbd.v1.GetStatsRequest
-	45, // 78: lbd.v1.LoadBalancerService.ListSocketTranslations:input_type -> lbd.v1.ListSocketTranslationsRequest
-	55, // 79: lbd.v1.BgpService.CreateBgpPeer:input_type -> lbd.v1.CreateBgpPeerRequest
-	57, // 80: lbd.v1.BgpService.GetBgpPeer:input_type -> lbd.v1.GetBgpPeerRequest
-	59, // 81: lbd.v1.BgpService.ListBgpPeers:input_type -> lbd.v1.ListBgpPeersRequest
-	61, // 82: lbd.v1.BgpService.UpdateBgpPeer:input_type -> lbd.v1.UpdateBgpPeerRequest
-	63, // 83: lbd.v1.BgpService.DeleteBgpPeer:input_type -> lbd.v1.DeleteBgpPeerRequest
-	65, // 84: lbd.v1.BgpService.ListBgpRoutes:input_type -> lbd.v1.ListBgpRoutesRequest
-	69, // 85: lbd.v1.NodeService.GetNode:input_type -> lbd.v1.GetNodeRequest
-	71, // 86: lbd.v1.NodeService.DrainNode:input_type -> lbd.v1.DrainNodeRequest
-	73, // 87: lbd.v1.NodeService.UndrainNode:input_type -> lbd.v1.UndrainNodeRequest
-	75, // 88: lbd.v1.NodeService.DetachNode:input_type -> lbd.v1.DetachNodeRequest
-	17, // 89: lbd.v1.LoadBalancerService.CreateService:output_type -> lbd.v1.CreateServiceResponse
-	19, // 90: lbd.v1.LoadBalancerService.GetService:output_type -> lbd.v1.GetServiceResponse
-	21, // 91: lbd.v1.LoadBalancerService.ListServices:output_type -> lbd.v1.ListServicesResponse
-	23, // 92: lbd.v1.LoadBalancerService.UpdateService:output_type -> lbd.v1.UpdateServiceResponse
-	25, // 93: lbd.v1.LoadBalancerService.DeleteService:output_type -> lbd.v1.DeleteServiceResponse
-	27, // 94: lbd.v1.LoadBalancerService.ApplyServices:output_type -> lbd.v1.ApplyServicesResponse
-	29, // 95: lbd.v1.LoadBalancerService.WatchServices:output_type -> lbd.v1.WatchServicesResponse
-	31, // 96: lbd.v1.LoadBalancerService.CreateBackend:output_type -> lbd.v1.CreateBackendResponse
-	33, // 97: lbd.v1.LoadBalancerService.GetBackend:output_type -> lbd.v1.GetBackendResponse
-	35, // 98: lbd.v1.LoadBalancerService.ListBackends:output_type -> lbd.v1.ListBackendsResponse
-	37, // 99: lbd.v1.LoadBalancerService.UpdateBackend:output_type -> lbd.v1.UpdateBackendResponse
-	39, // 100: lbd.v1.LoadBalancerService.DeleteBackend:output_type -> lbd.v1.DeleteBackendResponse
-	41, // 101: lbd.v1.LoadBalancerService.TraceFlow:output_type -> lbd.v1.TraceFlowResponse
-	44, // 102: lbd.v1.LoadBalancerService.ListConnections:output_type -> lbd.v1.ListConnectionsResponse
-	52, // 103: lbd.v1.LoadBalancerService.GetStats:output_type -> lbd.v1.GetStatsResponse
-	47, // 104: lbd.v1.LoadBalancerService.ListSocketTranslations:output_type -> lbd.v1.ListSocketTranslationsResponse
-	56, // 105: lbd.v1.BgpService.CreateBgpPeer:output_type -> lbd.v1.CreateBgpPeerResponse
-	58, // 106: lbd.v1.BgpService.GetBgpPeer:output_type -> lbd.v1.GetBgpPeerResponse
-	60, // 107: lbd.v1.BgpService.ListBgpPeers:output_type -> lbd.v1.ListBgpPeersResponse
-	62, // 108: lbd.v1.BgpService.UpdateBgpPeer:output_type -> lbd.v1.UpdateBgpPeerResponse
-	64, // 109: lbd.v1.BgpService.DeleteBgpPeer:output_type -> lbd.v1.DeleteBgpPeerResponse
-	67, // 110: lbd.v1.BgpService.ListBgpRoutes:output_type -> lbd.v1.ListBgpRoutesResponse
-	70, // 111: lbd.v1.NodeService.GetNode:output_type -> lbd.v1.GetNodeResponse
-	72, // 112: lbd.v1.NodeService.DrainNode:output_type -> lbd.v1.DrainNodeResponse
-	74, // 113: lbd.v1.NodeService.UndrainNode:output_type -> lbd.v1.UndrainNodeResponse
-	76, // 114: lbd.v1.NodeService.DetachNode:output_type -> lbd.v1.DetachNodeResponse
-	89, // [89:115] is the sub-list for method output_type
-	63, // [63:89] is the sub-list for method input_type
-	63, // [63:63] is the sub-list for extension type_name
-	63, // [63:63] is the sub-list for extension extendee
-	0,  // [0:63] is the sub-list for field type_name
+	79, // 33: lbd.v1.UpdateBackendRequest.update_mask:type_name -> google.protobuf.FieldMask
+	5,  // 34: lbd.v1.UpdateBackendRequest.only_from_states:type_name -> lbd.v1.BackendState
+	13, // 35: lbd.v1.UpdateBackendResponse.backend:type_name -> lbd.v1.Backend
+	0,  // 36: lbd.v1.TraceFlowRequest.protocol:type_name -> lbd.v1.Protocol
+	13, // 37: lbd.v1.TraceFlowResponse.backend:type_name -> lbd.v1.Backend
+	0,  // 38: lbd.v1.Connection.protocol:type_name -> lbd.v1.Protocol
+	78, // 39: lbd.v1.Connection.last_seen_time:type_name -> google.protobuf.Timestamp
+	43, // 40: lbd.v1.ListConnectionsResponse.connections:type_name -> lbd.v1.Connection
+	0,  // 41: lbd.v1.SocketTranslation.protocol:type_name -> lbd.v1.Protocol
+	78, // 42: lbd.v1.SocketTranslation.create_time:type_name -> google.protobuf.Timestamp
+	46, // 43: lbd.v1.ListSocketTranslationsResponse.translations:type_name -> lbd.v1.SocketTranslation
+	51, // 44: lbd.v1.ServiceStats.backends:type_name -> lbd.v1.BackendStats
+	50, // 45: lbd.v1.GetStatsResponse.services:type_name -> lbd.v1.ServiceStats
+	49, // 46: lbd.v1.GetStatsResponse.reasons:type_name -> lbd.v1.Counter
+	77, // 47: lbd.v1.BgpPeer.hold_time:type_name -> google.protobuf.Duration
+	77, // 48: lbd.v1.BgpPeer.keepalive_interval:type_name -> google.protobuf.Duration
+	77, // 49: lbd.v1.BgpPeer.graceful_restart_time:type_name -> google.protobuf.Duration
+	54, // 50: lbd.v1.BgpPeer.status:type_name -> lbd.v1.BgpPeerStatus
+	9,  // 51: lbd.v1.BgpPeerStatus.state:type_name -> lbd.v1.BgpSessionState
+	78, // 52: lbd.v1.BgpPeerStatus.since_time:type_name -> google.protobuf.Timestamp
+	53, // 53: lbd.v1.CreateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
+	53, // 54: lbd.v1.CreateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
+	53, // 55: lbd.v1.GetBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
+	53, // 56: lbd.v1.ListBgpPeersResponse.peers:type_name -> lbd.v1.BgpPeer
+	53, // 57: lbd.v1.UpdateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
+	53, // 58: lbd.v1.UpdateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
+	66, // 59: lbd.v1.ListBgpRoutesResponse.routes:type_name -> lbd.v1.BgpRoute
+	78, // 60: lbd.v1.Node.start_time:type_name -> google.protobuf.Timestamp
+	68, // 61: lbd.v1.GetNodeResponse.node:type_name -> lbd.v1.Node
+	68, // 62: lbd.v1.DrainNodeResponse.node:type_name -> lbd.v1.Node
+	68, // 63: lbd.v1.UndrainNodeResponse.node:type_name -> lbd.v1.Node
+	68, // 64: lbd.v1.DetachNodeResponse.node:type_name -> lbd.v1.Node
+	16, // 65: lbd.v1.LoadBalancerService.CreateService:input_type -> lbd.v1.CreateServiceRequest
+	18, // 66: lbd.v1.LoadBalancerService.GetService:input_type -> lbd.v1.GetServiceRequest
+	20, // 67: lbd.v1.LoadBalancerService.ListServices:input_type -> lbd.v1.ListServicesRequest
+	22, // 68: lbd.v1.LoadBalancerService.UpdateService:input_type -> lbd.v1.UpdateServiceRequest
+	24, // 69: lbd.v1.LoadBalancerService.DeleteService:input_type -> lbd.v1.DeleteServiceRequest
+	26, // 70: lbd.v1.LoadBalancerService.ApplyServices:input_type -> lbd.v1.ApplyServicesRequest
+	28, // 71: lbd.v1.LoadBalancerService.WatchServices:input_type -> lbd.v1.WatchServicesRequest
+	30, // 72: lbd.v1.LoadBalancerService.CreateBackend:input_type -> lbd.v1.CreateBackendRequest
+	32, // 73: lbd.v1.LoadBalancerService.GetBackend:input_type -> lbd.v1.GetBackendRequest
+	34, // 74: lbd.v1.LoadBalancerService.ListBackends:input_type -> lbd.v1.ListBackendsRequest
+	36, // 75: lbd.v1.LoadBalancerService.UpdateBackend:input_type -> lbd.v1.UpdateBackendRequest
+	38, // 76: lbd.v1.LoadBalancerService.DeleteBackend:input_type -> lbd.v1.DeleteBackendRequest
+	40, // 77: lbd.v1.LoadBalancerService.TraceFlow:input_type -> lbd.v1.TraceFlowRequest
+	42, // 78: lbd.v1.LoadBalancerService.ListConnections:input_type -> lbd.v1.ListConnectionsRequest
+	48, // 79: lbd.v1.LoadBalancerService.GetStats:input_type -> lbd.v1.GetStatsRequest
+	45, // 80: lbd.v1.LoadBalancerService.ListSocketTranslations:input_type -> lbd.v1.ListSocketTranslationsRequest
+	55, // 81: lbd.v1.BgpService.CreateBgpPeer:input_type -> lbd.v1.CreateBgpPeerRequest
+	57, // 82: lbd.v1.BgpService.GetBgpPeer:input_type -> lbd.v1.GetBgpPeerRequest
+	59, // 83: lbd.v1.BgpService.ListBgpPeers:input_type -> lbd.v1.ListBgpPeersRequest
+	61, // 84: lbd.v1.BgpService.UpdateBgpPeer:input_type -> lbd.v1.UpdateBgpPeerRequest
+	63, // 85: lbd.v1.BgpService.DeleteBgpPeer:input_type -> lbd.v1.DeleteBgpPeerRequest
+	65, // 86: lbd.v1.BgpService.ListBgpRoutes:input_type -> lbd.v1.ListBgpRoutesRequest
+	69, // 87: lbd.v1.NodeService.GetNode:input_type -> lbd.v1.GetNodeRequest
+	71, // 88: lbd.v1.NodeService.DrainNode:input_type -> lbd.v1.DrainNodeRequest
+	73, // 89: lbd.v1.NodeService.UndrainNode:input_type -> lbd.v1.UndrainNodeRequest
+	75, // 90: lbd.v1.NodeService.DetachNode:input_type -> lbd.v1.DetachNodeRequest
+	17, // 91: lbd.v1.LoadBalancerService.CreateService:output_type -> lbd.v1.CreateServiceResponse
+	19, // 92: lbd.v1.LoadBalancerService.GetService:output_type -> lbd.v1.GetServiceResponse
+	21, // 93: lbd.v1.LoadBalancerService.ListServices:output_type -> lbd.v1.ListServicesResponse
+	23, // 94: lbd.v1.LoadBalancerService.UpdateService:output_type -> lbd.v1.UpdateServiceResponse
+	25, // 95: lbd.v1.LoadBalancerService.DeleteService:output_type -> lbd.v1.DeleteServiceResponse
+	27, // 96: lbd.v1.LoadBalancerService.ApplyServices:output_type -> lbd.v1.ApplyServicesResponse
+	29, // 97: lbd.v1.LoadBalancerService.WatchServices:output_type -> lbd.v1.WatchServicesResponse
+	31, // 98: lbd.v1.LoadBalancerService.CreateBackend:output_type -> lbd.v1.CreateBackendResponse
+	33, // 99: lbd.v1.LoadBalancerService.GetBackend:output_type -> lbd.v1.GetBackendResponse
+	35, // 100: lbd.v1.LoadBalancerService.ListBackends:output_type -> lbd.v1.ListBackendsResponse
+	37, // 101: lbd.v1.LoadBalancerService.UpdateBackend:output_type -> lbd.v1.UpdateBackendResponse
+	39, // 102: lbd.v1.LoadBalancerService.DeleteBackend:output_type -> lbd.v1.DeleteBackendResponse
+	41, // 103: lbd.v1.LoadBalancerService.TraceFlow:output_type -> lbd.v1.TraceFlowResponse
+	44, // 104: lbd.v1.LoadBalancerService.ListConnections:output_type -> lbd.v1.ListConnectionsResponse
+	52, // 105: lbd.v1.LoadBalancerService.GetStats:output_type -> lbd.v1.GetStatsResponse
+	47, // 106: lbd.v1.LoadBalancerService.ListSocketTranslations:output_type -> lbd.v1.ListSocketTranslationsResponse
+	56, // 107: lbd.v1.BgpService.CreateBgpPeer:output_type -> lbd.v1.CreateBgpPeerResponse
+	58, // 108: lbd.v1.BgpService.GetBgpPeer:output_type -> lbd.v1.GetBgpPeerResponse
+	60, // 109: lbd.v1.BgpService.ListBgpPeers:output_type -> lbd.v1.ListBgpPeersResponse
+	62, // 110: lbd.v1.BgpService.UpdateBgpPeer:output_type -> lbd.v1.UpdateBgpPeerResponse
+	64, // 111: lbd.v1.BgpService.DeleteBgpPeer:output_type -> lbd.v1.DeleteBgpPeerResponse
+	67, // 112: lbd.v1.BgpService.ListBgpRoutes:output_type -> lbd.v1.ListBgpRoutesResponse
+	70, // 113: lbd.v1.NodeService.GetNode:output_type -> lbd.v1.GetNodeResponse
+	72, // 114: lbd.v1.NodeService.DrainNode:output_type -> lbd.v1.DrainNodeResponse
+	74, // 115: lbd.v1.NodeService.UndrainNode:output_type -> lbd.v1.UndrainNodeResponse
+	76, // 116: lbd.v1.NodeService.DetachNode:output_type -> lbd.v1.DetachNodeResponse
+	91, // [91:117] is the sub-list for method output_type
+	65, // [65:91] is the sub-list for method input_type
+	65, // [65:65] is the sub-list for extension type_name
+	65, // [65:65] is the sub-list for extension extendee
+	0,  // [0:65] is the sub-list for field type_name
 }
 
 func init() { file_lbd_v1_lbd_proto_init() }
