@@ -196,7 +196,10 @@ func report(b *testing.B, gross, base []float64) {
 //	    take free entries and evict nothing;
 //	(b) a packet of an established flow;
 //	(c) traffic to an address that is not a VIP, passed;
-//	(d) a malformed frame (IPv4 header length 4), dropped.
+//	(d) a malformed frame (IPv4 header length 4), dropped;
+//	a-floor-lru-insert: not lb_xdp but a program that only inserts a new
+//	    40-byte key into a 1M-entry LRU hash (bench_wrap.c), the kernel's part
+//	    of (a) that no program can avoid.
 //
 // (a) and (b) encapsulate, so the harness of bench_wrap.c restores the frame
 // before every packet (and for (a) writes a new source address and port),
@@ -253,6 +256,28 @@ func BenchmarkDatapath(b *testing.B) {
 		{"c-non-vip-pass", benchCase{other, false, false, XDPPass, nil}},
 		{"d-malformed-drop", benchCase{bad, false, false, XDPDrop, nil}},
 	}
+	// The kernel's own cost of inserting a new conntrack-sized key into a 1M LRU hash,
+	// nothing else: the floor under (a).
+	b.Run("a-floor-lru-insert", func(b *testing.B) {
+		var gross, base []float64
+		for range b.N {
+			for range benchRuns {
+				var g, bs float64
+				inNS(b, h.tp.ns, func() {
+					var err error
+					if _, _, bs, err = testRun(h.objs.BenchPass, other, h.tp.ifA); err != nil {
+						b.Fatal(err)
+					}
+					var v Verdict
+					if v, _, g, err = testRun(h.objs.BenchCtInsert, other, h.tp.ifA); err != nil || v != XDPPass {
+						b.Fatalf("insert run: verdict %v, %v", v, err)
+					}
+				})
+				gross, base = append(gross, g), append(base, bs)
+			}
+		}
+		report(b, gross, base)
+	})
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
 			var gross, base []float64

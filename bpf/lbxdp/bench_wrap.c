@@ -86,6 +86,36 @@ int bench_wrap(struct xdp_md *ctx)
 	return XDP_ABORTED;
 }
 
+/* The floor of a new flow: nothing but the insert of a new key into an LRU hash
+ * of lb_conntrack's size and layout (40-byte key and value, 1M entries), one new key
+ * per run. What the kernel's map costs bounds what any new-flow path costs. */
+struct bw_ct_kv {
+	__u64 w[5];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 1048576);
+	__type(key, struct bw_ct_kv);
+	__type(value, struct bw_ct_kv);
+} bw_ct SEC(".maps");
+
+SEC("xdp")
+int bench_ct_insert(struct xdp_md *ctx)
+{
+	struct bw_ct_kv k = {}, v = {};
+	__u32 zero = 0;
+	__u64 *seq = bpf_map_lookup_elem(&bw_seq, &zero);
+
+	if (!seq)
+		return XDP_ABORTED;
+	k.w[0] = (*seq)++;
+	k.w[1] = 0xc0a80000c6120000ULL;
+	if (bpf_map_update_elem(&bw_ct, &k, &v, BPF_ANY))
+		return XDP_ABORTED;
+	return XDP_PASS;
+}
+
 /* The empty program: baseline of BPF_PROG_TEST_RUN itself when run directly,
  * of the harness plus BPF_PROG_TEST_RUN as a tail-call target. */
 SEC("xdp")

@@ -13,6 +13,11 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type benchwrapBwCtKv struct {
+	_ structs.HostLayout
+	W [5]uint64
+}
+
 type benchwrapBwTemplate struct {
 	_        structs.HostLayout
 	Len      uint32
@@ -26,11 +31,13 @@ type benchwrapBwTemplate struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	benchwrapMapBwSeq      = "bw_seq"
-	benchwrapMapBwTarget   = "bw_target"
-	benchwrapMapBwTmpl     = "bw_tmpl"
-	benchwrapProgBenchPass = "bench_pass"
-	benchwrapProgBenchWrap = "bench_wrap"
+	benchwrapMapBwCt           = "bw_ct"
+	benchwrapMapBwSeq          = "bw_seq"
+	benchwrapMapBwTarget       = "bw_target"
+	benchwrapMapBwTmpl         = "bw_tmpl"
+	benchwrapProgBenchCtInsert = "bench_ct_insert"
+	benchwrapProgBenchPass     = "bench_pass"
+	benchwrapProgBenchWrap     = "bench_wrap"
 )
 
 // loadBenchwrap returns the embedded CollectionSpec for benchwrap.
@@ -75,14 +82,16 @@ type benchwrapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type benchwrapProgramSpecs struct {
-	BenchPass *ebpf.ProgramSpec `ebpf:"bench_pass"`
-	BenchWrap *ebpf.ProgramSpec `ebpf:"bench_wrap"`
+	BenchCtInsert *ebpf.ProgramSpec `ebpf:"bench_ct_insert"`
+	BenchPass     *ebpf.ProgramSpec `ebpf:"bench_pass"`
+	BenchWrap     *ebpf.ProgramSpec `ebpf:"bench_wrap"`
 }
 
 // benchwrapMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type benchwrapMapSpecs struct {
+	BwCt     *ebpf.MapSpec `ebpf:"bw_ct"`
 	BwSeq    *ebpf.MapSpec `ebpf:"bw_seq"`
 	BwTarget *ebpf.MapSpec `ebpf:"bw_target"`
 	BwTmpl   *ebpf.MapSpec `ebpf:"bw_tmpl"`
@@ -114,6 +123,7 @@ func (o *benchwrapObjects) Close() error {
 //
 // It can be passed to loadBenchwrapObjects or ebpf.CollectionSpec.LoadAndAssign.
 type benchwrapMaps struct {
+	BwCt     *ebpf.Map `ebpf:"bw_ct"`
 	BwSeq    *ebpf.Map `ebpf:"bw_seq"`
 	BwTarget *ebpf.Map `ebpf:"bw_target"`
 	BwTmpl   *ebpf.Map `ebpf:"bw_tmpl"`
@@ -121,6 +131,7 @@ type benchwrapMaps struct {
 
 func (m *benchwrapMaps) Close() error {
 	return _BenchwrapClose(
+		m.BwCt,
 		m.BwSeq,
 		m.BwTarget,
 		m.BwTmpl,
@@ -137,12 +148,14 @@ type benchwrapVariables struct {
 //
 // It can be passed to loadBenchwrapObjects or ebpf.CollectionSpec.LoadAndAssign.
 type benchwrapPrograms struct {
-	BenchPass *ebpf.Program `ebpf:"bench_pass"`
-	BenchWrap *ebpf.Program `ebpf:"bench_wrap"`
+	BenchCtInsert *ebpf.Program `ebpf:"bench_ct_insert"`
+	BenchPass     *ebpf.Program `ebpf:"bench_pass"`
+	BenchWrap     *ebpf.Program `ebpf:"bench_wrap"`
 }
 
 func (p *benchwrapPrograms) Close() error {
 	return _BenchwrapClose(
+		p.BenchCtInsert,
 		p.BenchPass,
 		p.BenchWrap,
 	)
