@@ -48,24 +48,13 @@ replies are sent from). The filters take addresses and combine with AND.`,
 			return usageErrorf("--limit must be positive")
 		}
 		req := &lbdv1.ListConnectionsRequest{Limit: limit}
-		// The server compares filters with its own text form of each address, so they
-		// are sent in canonical form: 2001:DB8::0:1 finds 2001:db8::1.
-		for _, f := range []struct {
-			name, value string
-			target      *string
-		}{
-			{"vip", vip, &req.Vip},
-			{"client", client, &req.ClientAddress},
-			{"backend", backend, &req.BackendAddress},
-		} {
-			if f.value == "" {
-				continue
-			}
-			addr, err := parseAddr(f.value)
-			if err != nil {
-				return usageErrorf("--%s: %v", f.name, err)
-			}
-			*f.target = addr.String()
+		err := setAddrFilters(
+			addrFilter{"vip", vip, &req.Vip},
+			addrFilter{"client", client, &req.ClientAddress},
+			addrFilter{"backend", backend, &req.BackendAddress},
+		)
+		if err != nil {
+			return err
 		}
 		lb, err := a.lb()
 		if err != nil {
@@ -79,6 +68,29 @@ replies are sent from). The filters take addresses and combine with AND.`,
 		return a.print(resp, func(w io.Writer) { a.writeConnections(w, resp) })
 	})
 	return cmd
+}
+
+// addrFilter is an address flag (--name) whose value goes into a request field.
+type addrFilter struct {
+	name, value string
+	target      *string
+}
+
+// setAddrFilters checks the address flags that are set and writes them into their
+// request fields. The server compares filters with its own text form of each address,
+// so they are sent in canonical form: 2001:DB8::0:1 finds 2001:db8::1.
+func setAddrFilters(filters ...addrFilter) error {
+	for _, f := range filters {
+		if f.value == "" {
+			continue
+		}
+		addr, err := parseAddr(f.value)
+		if err != nil {
+			return usageErrorf("--%s: %v", f.name, err)
+		}
+		*f.target = addr.String()
+	}
+	return nil
 }
 
 // parseAddr parses an IP address without a zone (the datapath knows no zones).

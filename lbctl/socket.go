@@ -43,21 +43,8 @@ the table evicts it. The counters are in "lbctl stats" (socket_*).`,
 			return usageErrorf("--limit must be positive")
 		}
 		req := &lbdv1.ListSocketTranslationsRequest{Limit: limit}
-		for _, f := range []struct {
-			name, value string
-			target      *string
-		}{
-			{"vip", vip, &req.Vip},
-			{"backend", backend, &req.BackendAddress},
-		} {
-			if f.value == "" {
-				continue
-			}
-			addr, err := parseAddr(f.value)
-			if err != nil {
-				return usageErrorf("--%s: %v", f.name, err)
-			}
-			*f.target = addr.String()
+		if err := setAddrFilters(addrFilter{"vip", vip, &req.Vip}, addrFilter{"backend", backend, &req.BackendAddress}); err != nil {
+			return err
 		}
 		lb, err := a.lb()
 		if err != nil {
