@@ -8,13 +8,12 @@ import (
 	"fmt"
 	"net"
 	"os/exec"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
+	"github.com/lbd-dev/lbd/internal/nsdo"
 	"golang.org/x/sys/unix"
 )
 
@@ -65,33 +64,7 @@ func nsExec(t *testing.T, ns string, args ...string) string {
 // opened by fn stay in that namespace afterwards. A thread that cannot be switched
 // back stays locked, so the runtime discards it.
 func inNS(name string, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- fmt.Errorf("get current netns: %w", err)
-			return
-		}
-		defer orig.Close()
-		target, err := netns.GetFromName(name)
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("open netns %s: %w", name, err)
-			return
-		}
-		defer target.Close()
-		if err := netns.Set(target); err != nil {
-			errc <- fmt.Errorf("enter netns %s: %w", name, err)
-			return
-		}
-		err = fn()
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- err
-	}()
-	return <-errc
+	return nsdo.RunNamed(name, fn)
 }
 
 // ifindex returns the index of an interface inside a namespace.

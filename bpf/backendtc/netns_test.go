@@ -12,7 +12,6 @@ import (
 	"net"
 	"net/netip"
 	"os/exec"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -20,7 +19,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
-	"github.com/vishvananda/netns"
+	"github.com/lbd-dev/lbd/internal/nsdo"
 	"golang.org/x/sys/unix"
 )
 
@@ -45,33 +44,7 @@ func sh(t *testing.T, args ...string) {
 // inNS runs fn on a thread switched into the named network namespace. A thread that
 // cannot be switched back is left locked, so the runtime discards it.
 func inNS(name string, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- fmt.Errorf("get current netns: %w", err)
-			return
-		}
-		defer orig.Close()
-		target, err := netns.GetFromName(name)
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("open netns %s: %w", name, err)
-			return
-		}
-		defer target.Close()
-		if err := netns.Set(target); err != nil {
-			errc <- fmt.Errorf("enter netns %s: %w", name, err)
-			return
-		}
-		err = fn()
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- err
-	}()
-	return <-errc
+	return nsdo.RunNamed(name, fn)
 }
 
 // topo is an LB-side namespace (where the test injects Geneve and captures replies)

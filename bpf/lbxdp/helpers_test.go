@@ -11,13 +11,13 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
+	"github.com/lbd-dev/lbd/internal/nsdo"
 	"github.com/vishvananda/netns"
 )
 
@@ -144,24 +144,9 @@ func newTopo(tb testing.TB) *topo {
 // inNS runs fn on a thread switched into ns.
 func inNS(tb testing.TB, ns netns.NsHandle, fn func()) {
 	tb.Helper()
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		tb.Fatalf("get netns: %v", err)
+	if err := nsdo.Run(ns, fn); err != nil {
+		tb.Fatal(err)
 	}
-	defer orig.Close()
-	if err := netns.Set(ns); err != nil {
-		runtime.UnlockOSThread()
-		tb.Fatalf("enter netns: %v", err)
-	}
-	defer func() {
-		// A thread that cannot go back stays locked and dies with its goroutine.
-		if err := netns.Set(orig); err == nil {
-			runtime.UnlockOSThread()
-		}
-	}()
-	fn()
 }
 
 // env is a loaded datapath inside a topology, with a default configuration.

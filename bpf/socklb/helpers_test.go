@@ -17,7 +17,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -30,6 +29,7 @@ import (
 	"github.com/gopacket/gopacket/layers"
 	"github.com/lbd-dev/lbd/bpf/lbxdp"
 	"github.com/lbd-dev/lbd/daemon/maglev"
+	"github.com/lbd-dev/lbd/internal/nsdo"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -154,24 +154,9 @@ func newCgroup(tb testing.TB, parent, name string) string {
 // inNS runs fn on a thread switched into ns.
 func inNS(tb testing.TB, ns netns.NsHandle, fn func()) {
 	tb.Helper()
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		tb.Fatalf("get netns: %v", err)
+	if err := nsdo.Run(ns, fn); err != nil {
+		tb.Fatal(err)
 	}
-	defer orig.Close()
-	if err := netns.Set(ns); err != nil {
-		runtime.UnlockOSThread()
-		tb.Fatalf("enter netns: %v", err)
-	}
-	defer func() {
-		// A thread that cannot go back stays locked and dies with its goroutine.
-		if err := netns.Set(orig); err == nil {
-			runtime.UnlockOSThread()
-		}
-	}()
-	fn()
 }
 
 // backendNode is a network namespace with servers that answer with its name.

@@ -6,17 +6,16 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/lbd-dev/lbd/daemon/gc"
+	"github.com/lbd-dev/lbd/internal/nsdo"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -98,22 +97,9 @@ func newNode(tb testing.TB) *node {
 // in runs fn on a thread inside the node's namespace.
 func (n *node) in(tb testing.TB, fn func()) {
 	tb.Helper()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
+	if err := nsdo.Run(n.ns, fn); err != nil {
 		tb.Fatal(err)
 	}
-	defer orig.Close()
-	if err := netns.Set(n.ns); err != nil {
-		tb.Fatal(err)
-	}
-	defer func() {
-		if err := netns.Set(orig); err != nil {
-			panic(fmt.Sprintf("restore netns: %v", err))
-		}
-	}()
-	fn()
 }
 
 func (n *node) config(conntrack uint32) Config {
