@@ -151,7 +151,7 @@ func TestSocketLB(t *testing.T) {
 		}
 	})
 
-	t.Run("lbctl lists, drain keeps established, new avoid", func(t *testing.T) {
+	t.Run("lbctl lists, restart and drain keep established, new avoid", func(t *testing.T) {
 		// A long-lived connection from the cgroup to the stream service.
 		nc := tb.spawnIn("nc-socklb", be1.ns, tb.cgroup, nil, "sh", "-c",
 			fmt.Sprintf("i=0; while [ $i -lt 600 ]; do echo ping$i; i=$((i+1)); sleep 0.05; done | nc %s %d", vip4, streamPt))
@@ -173,6 +173,16 @@ func TestSocketLB(t *testing.T) {
 		nc.waitLog(t, tb.byAddr(pinned).name+" ping5", 5*time.Second)
 		t.Logf("lbctl socket list: the stream socket goes to %s", pinned)
 		t.Logf("%s", d.lbctl(t, "socket", "list"))
+
+		// A SIGKILLed and restarted lbd adopts the hooks and their maps: the socket stays
+		// listed, and its entry still goes when it closes (below).
+		d.crash()
+		d.start(t)
+		var again lbdv1.ListSocketTranslationsResponse
+		d.lbctlJSON(t, &again, "socket", "list", "--backend", pinned)
+		if !slices.ContainsFunc(again.GetTranslations(), func(tr *lbdv1.SocketTranslation) bool { return tr.GetServiceName() == "stream" }) {
+			t.Fatalf("after a restart the stream socket is no longer listed: %v", &again)
+		}
 
 		d.lbctl(t, "backend", "drain", "stream", netip.AddrPortFrom(netip.MustParseAddr(pinned), echoPort).String())
 		time.Sleep(300 * time.Millisecond) // the reconciler writes the new table

@@ -22,8 +22,6 @@
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 #define SK_ECONNREFUSED 111
-#define SK_AF_INET 2
-#define SK_AF_INET6 10
 #define SK_SOCK_STREAM 1
 #define SK_SOCK_DGRAM 2
 #define NSEC_PER_SEC 1000000000ULL
@@ -40,12 +38,15 @@ struct {
  * blocking connect() fails (refused, timed out), the kernel clears the socket's peer
  * (tcp_disconnect) before sock_release runs, so the peer address could no longer name
  * the entry to delete; and a UDP socket that connects again leaves its previous
- * entry behind. Not pinned: the kernel frees it with the socket. */
+ * entry behind. The kernel frees a socket's storage with the socket; the map is
+ * pinned so that a restarted daemon's programs still find the keys of sockets
+ * translated before the restart. */
 struct {
 	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, int);
 	__type(value, struct sk_rev_key);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sk_peer SEC(".maps");
 
 struct {
@@ -160,12 +161,12 @@ LBD_INLINE void sk_write6(struct bpf_sock_addr *ctx, const struct sk_addr *a)
 LBD_INLINE __u32 sk_choose(struct bpf_sock_addr *ctx, const struct lb_service *svc, __u64 now)
 {
 	struct sk_aff_key ak = { .service_id = svc->id };
-	__u64 netns = bpf_get_netns_cookie(ctx);
 	struct sk_aff *aff;
 	__u32 id, hash;
+	__u64 netns;
 
 	if (svc->flags & LB_SVC_AFFINITY) {
-		ak.netns_cookie = netns;
+		ak.netns_cookie = bpf_get_netns_cookie(ctx);
 		aff = bpf_map_lookup_elem(&sk_affinity, &ak);
 		/* A timestamp ahead of this CPU's clock counts as fresh. */
 		if (aff && (now < aff->last_seen_ns ||
@@ -177,7 +178,12 @@ LBD_INLINE __u32 sk_choose(struct bpf_sock_addr *ctx, const struct lb_service *s
 	}
 	/* Hashing by source: the namespace is the local client. Otherwise each
 	 * connection draws its own slot, so weights apply per connection. */
-	hash = (svc->flags & LB_SVC_HASH_SRC) ? (__u32)(netns ^ (netns >> 32)) : bpf_get_prandom_u32();
+	if (svc->flags & LB_SVC_HASH_SRC) {
+		netns = bpf_get_netns_cookie(ctx);
+		hash = (__u32)(netns ^ (netns >> 32));
+	} else {
+		hash = bpf_get_prandom_u32();
+	}
 	id = lb_maglev_pick(svc, hash);
 	if (id && (svc->flags & LB_SVC_AFFINITY)) {
 		struct sk_aff na = { .last_seen_ns = now, .backend_id = id };
@@ -293,9 +299,10 @@ LBD_INLINE int sk_reverse(struct bpf_sock_addr *ctx, struct sk_addr *a)
 	return 1;
 }
 
-/* Forward hooks: 1 lets the call go on (rewritten or not); 0 fails it with the
- * value set by bpf_set_retval (ECONNREFUSED). */
-LBD_INLINE int sk_forward4(struct bpf_sock_addr *ctx, int udp_sticky)
+/* Forward hooks (connect, sendmsg): 1 lets the call go on, rewritten or not; 0
+ * fails it with the value set by bpf_set_retval (ECONNREFUSED). v6: the hook of
+ * IPv6 sockets, whose addresses are read and written as IPv6 (v4-mapped or not). */
+LBD_INLINE int sk_forward(struct bpf_sock_addr *ctx, int v6, int udp_sticky)
 {
 	struct sk_addr a = {};
 	int r;
@@ -303,145 +310,103 @@ LBD_INLINE int sk_forward4(struct bpf_sock_addr *ctx, int udp_sticky)
 	a.proto = sk_proto(ctx->type, ctx->protocol);
 	if (!a.proto)
 		return 1;
-	sk_read4(ctx, &a);
+	if (v6)
+		sk_read6(ctx, &a);
+	else
+		sk_read4(ctx, &a);
 	r = sk_translate(ctx, &a, udp_sticky);
 	if (r == SK_REFUSED)
 		return 0;
-	if (r == SK_XLATED)
-		sk_write4(ctx, &a);
+	if (r == SK_XLATED) {
+		if (v6)
+			sk_write6(ctx, &a);
+		else
+			sk_write4(ctx, &a);
+	}
 	return 1;
 }
 
-LBD_INLINE int sk_forward6(struct bpf_sock_addr *ctx, int udp_sticky)
-{
-	struct sk_addr a = {};
-	int r;
-
-	a.proto = sk_proto(ctx->type, ctx->protocol);
-	if (!a.proto)
-		return 1;
-	sk_read6(ctx, &a);
-	r = sk_translate(ctx, &a, udp_sticky);
-	if (r == SK_REFUSED)
-		return 0;
-	if (r == SK_XLATED)
-		sk_write6(ctx, &a);
-	return 1;
-}
-
-LBD_INLINE int sk_backward4(struct bpf_sock_addr *ctx)
+/* Backward hooks (recvmsg, getpeername): the backend becomes the service again. */
+LBD_INLINE int sk_backward(struct bpf_sock_addr *ctx, int v6)
 {
 	struct sk_addr a = {};
 
 	a.proto = sk_proto(ctx->type, ctx->protocol);
 	if (!a.proto)
 		return 1;
-	sk_read4(ctx, &a);
-	if (sk_reverse(ctx, &a))
-		sk_write4(ctx, &a);
-	return 1;
-}
-
-LBD_INLINE int sk_backward6(struct bpf_sock_addr *ctx)
-{
-	struct sk_addr a = {};
-
-	a.proto = sk_proto(ctx->type, ctx->protocol);
-	if (!a.proto)
-		return 1;
-	sk_read6(ctx, &a);
-	if (sk_reverse(ctx, &a))
-		sk_write6(ctx, &a);
+	if (v6)
+		sk_read6(ctx, &a);
+	else
+		sk_read4(ctx, &a);
+	if (sk_reverse(ctx, &a)) {
+		if (v6)
+			sk_write6(ctx, &a);
+		else
+			sk_write4(ctx, &a);
+	}
 	return 1;
 }
 
 SEC("cgroup/connect4")
 int sk_connect4(struct bpf_sock_addr *ctx)
 {
-	return sk_forward4(ctx, 0);
+	return sk_forward(ctx, 0, 0);
 }
 
 SEC("cgroup/connect6")
 int sk_connect6(struct bpf_sock_addr *ctx)
 {
-	return sk_forward6(ctx, 0);
+	return sk_forward(ctx, 1, 0);
 }
 
 SEC("cgroup/sendmsg4")
 int sk_sendmsg4(struct bpf_sock_addr *ctx)
 {
-	return sk_forward4(ctx, 1);
+	return sk_forward(ctx, 0, 1);
 }
 
 SEC("cgroup/sendmsg6")
 int sk_sendmsg6(struct bpf_sock_addr *ctx)
 {
-	return sk_forward6(ctx, 1);
+	return sk_forward(ctx, 1, 1);
 }
 
 SEC("cgroup/recvmsg4")
 int sk_recvmsg4(struct bpf_sock_addr *ctx)
 {
-	return sk_backward4(ctx);
+	return sk_backward(ctx, 0);
 }
 
 SEC("cgroup/recvmsg6")
 int sk_recvmsg6(struct bpf_sock_addr *ctx)
 {
-	return sk_backward6(ctx);
+	return sk_backward(ctx, 1);
 }
 
 SEC("cgroup/getpeername4")
 int sk_getpeername4(struct bpf_sock_addr *ctx)
 {
-	return sk_backward4(ctx);
+	return sk_backward(ctx, 0);
 }
 
 SEC("cgroup/getpeername6")
 int sk_getpeername6(struct bpf_sock_addr *ctx)
 {
-	return sk_backward6(ctx);
+	return sk_backward(ctx, 1);
 }
 
-/* A closing socket takes its connected peer's reverse entry with it: the key kept in
- * sk_peer, and the one its peer address names (sockets translated by programs that
- * had no sk_peer yet); entries of unconnected UDP sockets (one per backend they sent
- * to) age out of the LRU. */
+/* A closing socket takes its connected peer's reverse entry with it (the key kept in
+ * sk_peer); entries of unconnected UDP sockets (one per backend they sent to) age out
+ * of the LRU. */
 SEC("cgroup/sock_release")
 int sk_release(struct bpf_sock *ctx)
 {
-	struct sk_rev_key rk = {}, *peer;
-	__u32 w[4];
+	struct sk_rev_key *peer;
 
-	rk.proto = sk_proto(ctx->type, ctx->protocol);
-	if (!rk.proto)
+	if (!sk_proto(ctx->type, ctx->protocol))
 		return 1;
 	peer = bpf_sk_storage_get(&sk_peer, ctx, 0, 0);
 	if (peer && peer->cookie)
 		bpf_map_delete_elem(&sk_revnat, peer);
-	rk.cookie = bpf_get_socket_cookie(ctx);
-	rk.port = ctx->dst_port;
-	if (ctx->family == SK_AF_INET) {
-		w[0] = ctx->dst_ip4;
-		__builtin_memcpy(rk.addr, &w[0], 4);
-		rk.family = LBD_FAMILY_V4;
-	} else if (ctx->family == SK_AF_INET6) {
-		w[0] = ctx->dst_ip6[0];
-		w[1] = ctx->dst_ip6[1];
-		w[2] = ctx->dst_ip6[2];
-		w[3] = ctx->dst_ip6[3];
-		if (w[0] == 0 && w[1] == 0 && w[2] == bpf_htonl(0xffff)) {
-			__builtin_memcpy(rk.addr, &w[3], 4);
-			rk.family = LBD_FAMILY_V4;
-		} else {
-			__builtin_memcpy(rk.addr, w, 16);
-			rk.family = LBD_FAMILY_V6;
-		}
-	} else {
-		return 1;
-	}
-	if (!rk.port)
-		return 1;
-	bpf_map_delete_elem(&sk_revnat, &rk);
 	return 1;
 }
