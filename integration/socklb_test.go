@@ -276,10 +276,10 @@ func TestSocketLB(t *testing.T) {
 		var st lbdv1.GetStatsResponse
 		d.lbctlJSON(t, &st, "stats")
 		got := map[string]uint64{}
-		for _, r := range st.GetReasons() {
-			got[r.GetName()] = r.GetPackets()
+		for _, e := range st.GetSocketEvents() {
+			got[e.GetName()] = e.GetCount()
 		}
-		if got["socket_connect"] < 35 || got["socket_sendmsg"] < 5 || got["socket_no_backend"] < 20 || got["socket_reverse"] < 10 {
+		if got["connect"] < 35 || got["sendmsg"] < 5 || got["no_backend"] < 20 || got["reverse"] < 10 {
 			t.Errorf("socket counters %v: want ≥ 35 connects, ≥ 5 sends, ≥ 20 refusals, ≥ 10 reverse translations", got)
 		}
 		metrics := run(t, "nsenter", "--net=/run/netns/"+be1.ns, "--", "curl", "-sS", "http://"+metricsAddr+"/metrics")

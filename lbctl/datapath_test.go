@@ -191,6 +191,12 @@ func TestStatsSections(t *testing.T) {
 			"REASON         PACKETS\nbackend_decap  9\n"},
 		{"no reasons", &lbdv1.GetStatsResponse{Services: []*lbdv1.ServiceStats{{ServiceName: "dns", Packets: 1, Bytes: 60, NewFlows: 1}}},
 			"SERVICE/BACKEND  PACKETS  BYTES  NEW FLOWS\ndns              1        60     1\n"},
+		{"socket-level only", &lbdv1.GetStatsResponse{SocketEvents: []*lbdv1.EventCounter{{Name: "no_backend", Count: 2}, {Name: "connect", Count: 40}}},
+			"SOCKET EVENT  CALLS\nconnect       40\nno_backend    2\n"},
+		{"reasons and socket events", &lbdv1.GetStatsResponse{
+			Reasons:      []*lbdv1.Counter{{Name: "backend_decap", Packets: 9}},
+			SocketEvents: []*lbdv1.EventCounter{{Name: "connect", Count: 40}},
+		}, "REASON         PACKETS\nbackend_decap  9\n\nSOCKET EVENT  CALLS\nconnect       40\n"},
 	} {
 		srv := startFake(t, &fakeDatapath{stats: tc.stats})
 		if got := ok(t, srv, "stats"); got != tc.want {

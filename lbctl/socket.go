@@ -29,7 +29,7 @@ translated to a backend by socket-level load balancing (datapath.socket_lb): the
 socket's cookie, the service as the application addressed it (what getpeername() and
 recvmsg() return) and the backend its packets really go to. A connected socket is
 listed until it closes; an unconnected UDP socket once per backend it sent to, until
-the table evicts it. The counters are in "lbctl stats" (socket_*).`,
+the table evicts it. The counters are in "lbctl stats" (SOCKET EVENT).`,
 		Example: "  lbctl socket list\n  lbctl socket list --vip 203.0.113.10 --limit 20",
 		Args:    exactArgs(),
 	}

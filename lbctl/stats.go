@@ -18,7 +18,8 @@ func (a *app) statsCommand() *cobra.Command {
 		Use:   "stats",
 		Short: "Show the datapath's counters per service, per backend and per reason",
 		Long: `Show the datapath's counters: packets, bytes and new flows of each service, with
-each of its backends below it, then the drop and event counters by reason.`,
+each of its backends below it, then the drop and event counters by reason, then the
+calls socket-level load balancing handled (on nodes where it is on).`,
 		Args: exactArgs(),
 		RunE: a.run(func(ctx context.Context, _ *cobra.Command, _ []string) error {
 			lb, err := a.lb()
@@ -45,13 +46,14 @@ func sortStats(s *lbdv1.GetStatsResponse) {
 		})
 	}
 	slices.SortFunc(s.Reasons, func(x, y *lbdv1.Counter) int { return strings.Compare(x.Name, y.Name) })
+	slices.SortFunc(s.SocketEvents, func(x, y *lbdv1.EventCounter) int { return strings.Compare(x.Name, y.Name) })
 }
 
 // writeStats writes the services table, each backend indented under its service, then the
-// reasons table. A section with nothing in it is left out: a backend-only node has no
-// services, an LB with no backend role no backend counters.
+// reasons table, then the socket events. A section with nothing in it is left out: a
+// backend-only node has no services, an LB with no backend role no backend counters.
 func writeStats(w io.Writer, s *lbdv1.GetStatsResponse) {
-	if len(s.Services) == 0 && len(s.Reasons) == 0 {
+	if len(s.Services) == 0 && len(s.Reasons) == 0 && len(s.SocketEvents) == 0 {
 		fmt.Fprintln(w, "No counters: the datapath has no service and reports no reason.")
 		return
 	}
@@ -74,6 +76,17 @@ func writeStats(w io.Writer, s *lbdv1.GetStatsResponse) {
 		row(t, "REASON", "PACKETS")
 		for _, r := range s.Reasons {
 			row(t, r.Name, r.Packets)
+		}
+		t.Flush()
+	}
+	if len(s.SocketEvents) > 0 {
+		if len(s.Services) > 0 || len(s.Reasons) > 0 {
+			fmt.Fprintln(w)
+		}
+		t := newTable(w)
+		row(t, "SOCKET EVENT", "CALLS")
+		for _, e := range s.SocketEvents {
+			row(t, e.Name, e.Count)
 		}
 		t.Flush()
 	}

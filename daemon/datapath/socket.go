@@ -145,7 +145,7 @@ func CgroupRoot() (string, error) {
 	return "", errors.New("no cgroup v2 hierarchy is mounted: socket-level load balancing needs one (mount -t cgroup2 none /sys/fs/cgroup)")
 }
 
-// socketCounters appends the socket-level counters to a stats response.
+// socketCounters adds the socket-level counters to a stats response.
 func (m *Manager) socketCounters(resp *lbdv1.GetStatsResponse) error {
 	if m.sock == nil {
 		return nil
@@ -161,7 +161,7 @@ func (m *Manager) socketCounters(resp *lbdv1.GetStatsResponse) error {
 		{"connect", s.Connect}, {"sendmsg", s.Sendmsg}, {"reverse", s.Reverse},
 		{"no_backend", s.NoBackend}, {"revnat_full", s.RevNATFull},
 	} {
-		resp.Reasons = append(resp.Reasons, &lbdv1.Counter{Name: "socket_" + c.name, Packets: c.v})
+		resp.SocketEvents = append(resp.SocketEvents, &lbdv1.EventCounter{Name: c.name, Count: c.v})
 	}
 	return nil
 }

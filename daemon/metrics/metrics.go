@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -164,11 +163,9 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	for _, r := range st.Reasons {
-		// Socket-level counters count calls, not packets (see datapath.socketCounters).
-		if ev, ok := strings.CutPrefix(r.Name, "socket_"); ok {
-			ch <- prometheus.MustNewConstMetric(sockEvents, prometheus.CounterValue, float64(r.Packets), ev)
-			continue
-		}
 		ch <- prometheus.MustNewConstMetric(events, prometheus.CounterValue, float64(r.Packets), r.Name)
+	}
+	for _, e := range st.SocketEvents {
+		ch <- prometheus.MustNewConstMetric(sockEvents, prometheus.CounterValue, float64(e.Count), e.Name)
 	}
 }

@@ -29,8 +29,9 @@ func TestScrapeReadsCountersAndStatusEachTime(t *testing.T) {
 	stats := func() (*lbdv1.GetStatsResponse, error) {
 		packets += 10
 		return &lbdv1.GetStatsResponse{
-			Services: []*lbdv1.ServiceStats{{ServiceName: "web", Packets: packets, Backends: []*lbdv1.BackendStats{{Address: "2001:db8::1", Port: 80, Packets: packets}}}},
-			Reasons:  []*lbdv1.Counter{{Name: "lb_drop_fib", Packets: 3}},
+			Services:     []*lbdv1.ServiceStats{{ServiceName: "web", Packets: packets, Backends: []*lbdv1.BackendStats{{Address: "2001:db8::1", Port: 80, Packets: packets}}}},
+			Reasons:      []*lbdv1.Counter{{Name: "lb_drop_fib", Packets: 3}},
+			SocketEvents: []*lbdv1.EventCounter{{Name: "connect", Count: 7}},
 		}, nil
 	}
 	m := New(stats, map[string]uint32{"conntrack": 1000})
@@ -45,6 +46,7 @@ func TestScrapeReadsCountersAndStatusEachTime(t *testing.T) {
 		`lbd_service_packets_total{service="web"} 10`,
 		`lbd_backend_packets_total{backend="[2001:db8::1]:80",service="web"} 10`,
 		`lbd_datapath_packets_total{reason="lb_drop_fib"} 3`,
+		`lbd_socket_lb_calls_total{event="connect"} 7`,
 		`lbd_table_entries{table="conntrack"} 400`,
 		`lbd_table_fill_ratio{table="conntrack"} 0.4`,
 		`lbd_gc_passes_total{table="conntrack"} 1`,

@@ -3238,7 +3238,10 @@ type GetStatsResponse struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Services []*ServiceStats        `protobuf:"bytes,1,rep,name=services,proto3" json:"services,omitempty"`
 	// Drops and other events by reason.
-	Reasons       []*Counter `protobuf:"bytes,2,rep,name=reasons,proto3" json:"reasons,omitempty"`
+	Reasons []*Counter `protobuf:"bytes,2,rep,name=reasons,proto3" json:"reasons,omitempty"`
+	// Socket calls handled by socket-level load balancing (datapath.socket_lb), by event:
+	// connect, sendmsg, reverse, no_backend, revnat_full. Empty where it is off.
+	SocketEvents  []*EventCounter `protobuf:"bytes,3,rep,name=socket_events,json=socketEvents,proto3" json:"socket_events,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3287,6 +3290,66 @@ func (x *GetStatsResponse) GetReasons() []*Counter {
 	return nil
 }
 
+func (x *GetStatsResponse) GetSocketEvents() []*EventCounter {
+	if x != nil {
+		return x.SocketEvents
+	}
+	return nil
+}
+
+// EventCounter counts occurrences of one named event.
+type EventCounter struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Count         uint64                 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EventCounter) Reset() {
+	*x = EventCounter{}
+	mi := &file_lbd_v1_lbd_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EventCounter) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EventCounter) ProtoMessage() {}
+
+func (x *EventCounter) ProtoReflect() protoreflect.Message {
+	mi := &file_lbd_v1_lbd_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EventCounter.ProtoReflect.Descriptor instead.
+func (*EventCounter) Descriptor() ([]byte, []int) {
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *EventCounter) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *EventCounter) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
 // BgpPeer is a BGP neighbor this node advertises VIPs to.
 type BgpPeer struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3315,7 +3378,7 @@ type BgpPeer struct {
 
 func (x *BgpPeer) Reset() {
 	*x = BgpPeer{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[43]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3327,7 +3390,7 @@ func (x *BgpPeer) String() string {
 func (*BgpPeer) ProtoMessage() {}
 
 func (x *BgpPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[43]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3340,7 +3403,7 @@ func (x *BgpPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpPeer.ProtoReflect.Descriptor instead.
 func (*BgpPeer) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{43}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *BgpPeer) GetAddress() string {
@@ -3430,7 +3493,7 @@ type BgpPeerStatus struct {
 
 func (x *BgpPeerStatus) Reset() {
 	*x = BgpPeerStatus{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[44]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3442,7 +3505,7 @@ func (x *BgpPeerStatus) String() string {
 func (*BgpPeerStatus) ProtoMessage() {}
 
 func (x *BgpPeerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[44]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3455,7 +3518,7 @@ func (x *BgpPeerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpPeerStatus.ProtoReflect.Descriptor instead.
 func (*BgpPeerStatus) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{44}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *BgpPeerStatus) GetState() BgpSessionState {
@@ -3509,7 +3572,7 @@ type CreateBgpPeerRequest struct {
 
 func (x *CreateBgpPeerRequest) Reset() {
 	*x = CreateBgpPeerRequest{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[45]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3521,7 +3584,7 @@ func (x *CreateBgpPeerRequest) String() string {
 func (*CreateBgpPeerRequest) ProtoMessage() {}
 
 func (x *CreateBgpPeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[45]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3534,7 +3597,7 @@ func (x *CreateBgpPeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateBgpPeerRequest.ProtoReflect.Descriptor instead.
 func (*CreateBgpPeerRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{45}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *CreateBgpPeerRequest) GetPeer() *BgpPeer {
@@ -3553,7 +3616,7 @@ type CreateBgpPeerResponse struct {
 
 func (x *CreateBgpPeerResponse) Reset() {
 	*x = CreateBgpPeerResponse{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[46]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3565,7 +3628,7 @@ func (x *CreateBgpPeerResponse) String() string {
 func (*CreateBgpPeerResponse) ProtoMessage() {}
 
 func (x *CreateBgpPeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[46]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3578,7 +3641,7 @@ func (x *CreateBgpPeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateBgpPeerResponse.ProtoReflect.Descriptor instead.
 func (*CreateBgpPeerResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{46}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *CreateBgpPeerResponse) GetPeer() *BgpPeer {
@@ -3597,7 +3660,7 @@ type GetBgpPeerRequest struct {
 
 func (x *GetBgpPeerRequest) Reset() {
 	*x = GetBgpPeerRequest{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[47]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3609,7 +3672,7 @@ func (x *GetBgpPeerRequest) String() string {
 func (*GetBgpPeerRequest) ProtoMessage() {}
 
 func (x *GetBgpPeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[47]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3622,7 +3685,7 @@ func (x *GetBgpPeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBgpPeerRequest.ProtoReflect.Descriptor instead.
 func (*GetBgpPeerRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{47}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *GetBgpPeerRequest) GetAddress() string {
@@ -3641,7 +3704,7 @@ type GetBgpPeerResponse struct {
 
 func (x *GetBgpPeerResponse) Reset() {
 	*x = GetBgpPeerResponse{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[48]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3653,7 +3716,7 @@ func (x *GetBgpPeerResponse) String() string {
 func (*GetBgpPeerResponse) ProtoMessage() {}
 
 func (x *GetBgpPeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[48]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3666,7 +3729,7 @@ func (x *GetBgpPeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBgpPeerResponse.ProtoReflect.Descriptor instead.
 func (*GetBgpPeerResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{48}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *GetBgpPeerResponse) GetPeer() *BgpPeer {
@@ -3684,7 +3747,7 @@ type ListBgpPeersRequest struct {
 
 func (x *ListBgpPeersRequest) Reset() {
 	*x = ListBgpPeersRequest{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[49]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3696,7 +3759,7 @@ func (x *ListBgpPeersRequest) String() string {
 func (*ListBgpPeersRequest) ProtoMessage() {}
 
 func (x *ListBgpPeersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[49]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3709,7 +3772,7 @@ func (x *ListBgpPeersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBgpPeersRequest.ProtoReflect.Descriptor instead.
 func (*ListBgpPeersRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{49}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{50}
 }
 
 type ListBgpPeersResponse struct {
@@ -3721,7 +3784,7 @@ type ListBgpPeersResponse struct {
 
 func (x *ListBgpPeersResponse) Reset() {
 	*x = ListBgpPeersResponse{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[50]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3733,7 +3796,7 @@ func (x *ListBgpPeersResponse) String() string {
 func (*ListBgpPeersResponse) ProtoMessage() {}
 
 func (x *ListBgpPeersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[50]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3746,7 +3809,7 @@ func (x *ListBgpPeersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBgpPeersResponse.ProtoReflect.Descriptor instead.
 func (*ListBgpPeersResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{50}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ListBgpPeersResponse) GetPeers() []*BgpPeer {
@@ -3765,7 +3828,7 @@ type UpdateBgpPeerRequest struct {
 
 func (x *UpdateBgpPeerRequest) Reset() {
 	*x = UpdateBgpPeerRequest{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[51]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3777,7 +3840,7 @@ func (x *UpdateBgpPeerRequest) String() string {
 func (*UpdateBgpPeerRequest) ProtoMessage() {}
 
 func (x *UpdateBgpPeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[51]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3790,7 +3853,7 @@ func (x *UpdateBgpPeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateBgpPeerRequest.ProtoReflect.Descriptor instead.
 func (*UpdateBgpPeerRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{51}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *UpdateBgpPeerRequest) GetPeer() *BgpPeer {
@@ -3809,7 +3872,7 @@ type UpdateBgpPeerResponse struct {
 
 func (x *UpdateBgpPeerResponse) Reset() {
 	*x = UpdateBgpPeerResponse{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[52]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3821,7 +3884,7 @@ func (x *UpdateBgpPeerResponse) String() string {
 func (*UpdateBgpPeerResponse) ProtoMessage() {}
 
 func (x *UpdateBgpPeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[52]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3834,7 +3897,7 @@ func (x *UpdateBgpPeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateBgpPeerResponse.ProtoReflect.Descriptor instead.
 func (*UpdateBgpPeerResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{52}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *UpdateBgpPeerResponse) GetPeer() *BgpPeer {
@@ -3853,7 +3916,7 @@ type DeleteBgpPeerRequest struct {
 
 func (x *DeleteBgpPeerRequest) Reset() {
 	*x = DeleteBgpPeerRequest{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[53]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3865,7 +3928,7 @@ func (x *DeleteBgpPeerRequest) String() string {
 func (*DeleteBgpPeerRequest) ProtoMessage() {}
 
 func (x *DeleteBgpPeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[53]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3878,7 +3941,7 @@ func (x *DeleteBgpPeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBgpPeerRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBgpPeerRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{53}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *DeleteBgpPeerRequest) GetAddress() string {
@@ -3896,7 +3959,7 @@ type DeleteBgpPeerResponse struct {
 
 func (x *DeleteBgpPeerResponse) Reset() {
 	*x = DeleteBgpPeerResponse{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[54]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3908,7 +3971,7 @@ func (x *DeleteBgpPeerResponse) String() string {
 func (*DeleteBgpPeerResponse) ProtoMessage() {}
 
 func (x *DeleteBgpPeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[54]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3921,7 +3984,7 @@ func (x *DeleteBgpPeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBgpPeerResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBgpPeerResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{54}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{55}
 }
 
 type ListBgpRoutesRequest struct {
@@ -3932,7 +3995,7 @@ type ListBgpRoutesRequest struct {
 
 func (x *ListBgpRoutesRequest) Reset() {
 	*x = ListBgpRoutesRequest{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[55]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3944,7 +4007,7 @@ func (x *ListBgpRoutesRequest) String() string {
 func (*ListBgpRoutesRequest) ProtoMessage() {}
 
 func (x *ListBgpRoutesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[55]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3957,7 +4020,7 @@ func (x *ListBgpRoutesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBgpRoutesRequest.ProtoReflect.Descriptor instead.
 func (*ListBgpRoutesRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{55}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{56}
 }
 
 // BgpRoute is a route this node advertises.
@@ -3975,7 +4038,7 @@ type BgpRoute struct {
 
 func (x *BgpRoute) Reset() {
 	*x = BgpRoute{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[56]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3987,7 +4050,7 @@ func (x *BgpRoute) String() string {
 func (*BgpRoute) ProtoMessage() {}
 
 func (x *BgpRoute) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[56]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4000,7 +4063,7 @@ func (x *BgpRoute) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpRoute.ProtoReflect.Descriptor instead.
 func (*BgpRoute) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{56}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *BgpRoute) GetPrefix() string {
@@ -4054,7 +4117,7 @@ type ListBgpRoutesResponse struct {
 
 func (x *ListBgpRoutesResponse) Reset() {
 	*x = ListBgpRoutesResponse{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[57]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4066,7 +4129,7 @@ func (x *ListBgpRoutesResponse) String() string {
 func (*ListBgpRoutesResponse) ProtoMessage() {}
 
 func (x *ListBgpRoutesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[57]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4079,7 +4142,7 @@ func (x *ListBgpRoutesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBgpRoutesResponse.ProtoReflect.Descriptor instead.
 func (*ListBgpRoutesResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{57}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ListBgpRoutesResponse) GetRoutes() []*BgpRoute {
@@ -4108,7 +4171,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[58]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4120,7 +4183,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[58]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4133,7 +4196,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{58}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *Node) GetRoles() []string {
@@ -4193,7 +4256,7 @@ type GetNodeRequest struct {
 
 func (x *GetNodeRequest) Reset() {
 	*x = GetNodeRequest{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[59]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4205,7 +4268,7 @@ func (x *GetNodeRequest) String() string {
 func (*GetNodeRequest) ProtoMessage() {}
 
 func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[59]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4218,7 +4281,7 @@ func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeRequest.ProtoReflect.Descriptor instead.
 func (*GetNodeRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{59}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{60}
 }
 
 type GetNodeResponse struct {
@@ -4230,7 +4293,7 @@ type GetNodeResponse struct {
 
 func (x *GetNodeResponse) Reset() {
 	*x = GetNodeResponse{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[60]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4242,7 +4305,7 @@ func (x *GetNodeResponse) String() string {
 func (*GetNodeResponse) ProtoMessage() {}
 
 func (x *GetNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[60]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4255,7 +4318,7 @@ func (x *GetNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeResponse.ProtoReflect.Descriptor instead.
 func (*GetNodeResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{60}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *GetNodeResponse) GetNode() *Node {
@@ -4273,7 +4336,7 @@ type DrainNodeRequest struct {
 
 func (x *DrainNodeRequest) Reset() {
 	*x = DrainNodeRequest{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[61]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4285,7 +4348,7 @@ func (x *DrainNodeRequest) String() string {
 func (*DrainNodeRequest) ProtoMessage() {}
 
 func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[61]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4298,7 +4361,7 @@ func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeRequest.ProtoReflect.Descriptor instead.
 func (*DrainNodeRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{61}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{62}
 }
 
 type DrainNodeResponse struct {
@@ -4310,7 +4373,7 @@ type DrainNodeResponse struct {
 
 func (x *DrainNodeResponse) Reset() {
 	*x = DrainNodeResponse{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[62]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4322,7 +4385,7 @@ func (x *DrainNodeResponse) String() string {
 func (*DrainNodeResponse) ProtoMessage() {}
 
 func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[62]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4335,7 +4398,7 @@ func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeResponse.ProtoReflect.Descriptor instead.
 func (*DrainNodeResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{62}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *DrainNodeResponse) GetNode() *Node {
@@ -4353,7 +4416,7 @@ type UndrainNodeRequest struct {
 
 func (x *UndrainNodeRequest) Reset() {
 	*x = UndrainNodeRequest{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[63]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4365,7 +4428,7 @@ func (x *UndrainNodeRequest) String() string {
 func (*UndrainNodeRequest) ProtoMessage() {}
 
 func (x *UndrainNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[63]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4378,7 +4441,7 @@ func (x *UndrainNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UndrainNodeRequest.ProtoReflect.Descriptor instead.
 func (*UndrainNodeRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{63}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{64}
 }
 
 type UndrainNodeResponse struct {
@@ -4390,7 +4453,7 @@ type UndrainNodeResponse struct {
 
 func (x *UndrainNodeResponse) Reset() {
 	*x = UndrainNodeResponse{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[64]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4402,7 +4465,7 @@ func (x *UndrainNodeResponse) String() string {
 func (*UndrainNodeResponse) ProtoMessage() {}
 
 func (x *UndrainNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[64]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4415,7 +4478,7 @@ func (x *UndrainNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UndrainNodeResponse.ProtoReflect.Descriptor instead.
 func (*UndrainNodeResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{64}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *UndrainNodeResponse) GetNode() *Node {
@@ -4433,7 +4496,7 @@ type DetachNodeRequest struct {
 
 func (x *DetachNodeRequest) Reset() {
 	*x = DetachNodeRequest{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[65]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4445,7 +4508,7 @@ func (x *DetachNodeRequest) String() string {
 func (*DetachNodeRequest) ProtoMessage() {}
 
 func (x *DetachNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[65]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4458,7 +4521,7 @@ func (x *DetachNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachNodeRequest.ProtoReflect.Descriptor instead.
 func (*DetachNodeRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{65}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{66}
 }
 
 type DetachNodeResponse struct {
@@ -4470,7 +4533,7 @@ type DetachNodeResponse struct {
 
 func (x *DetachNodeResponse) Reset() {
 	*x = DetachNodeResponse{}
-	mi := &file_lbd_v1_lbd_proto_msgTypes[66]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4482,7 +4545,7 @@ func (x *DetachNodeResponse) String() string {
 func (*DetachNodeResponse) ProtoMessage() {}
 
 func (x *DetachNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_lbd_proto_msgTypes[66]
+	mi := &file_lbd_v1_lbd_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4495,7 +4558,7 @@ func (x *DetachNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachNodeResponse.ProtoReflect.Descriptor instead.
 func (*DetachNodeResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{66}
+	return file_lbd_v1_lbd_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *DetachNodeResponse) GetNode() *Node {
@@ -4697,10 +4760,14 @@ const file_lbd_v1_lbd_proto_rawDesc = "" +
 	"\x04port\x18\x02 \x01(\rR\x04port\x12\x18\n" +
 	"\apackets\x18\x03 \x01(\x04R\apackets\x12\x14\n" +
 	"\x05bytes\x18\x04 \x01(\x04R\x05bytes\x12\x1b\n" +
-	"\tnew_flows\x18\x05 \x01(\x04R\bnewFlows\"o\n" +
+	"\tnew_flows\x18\x05 \x01(\x04R\bnewFlows\"\xaa\x01\n" +
 	"\x10GetStatsResponse\x120\n" +
 	"\bservices\x18\x01 \x03(\v2\x14.lbd.v1.ServiceStatsR\bservices\x12)\n" +
-	"\areasons\x18\x02 \x03(\v2\x0f.lbd.v1.CounterR\areasons\"\xc3\x03\n" +
+	"\areasons\x18\x02 \x03(\v2\x0f.lbd.v1.CounterR\areasons\x129\n" +
+	"\rsocket_events\x18\x03 \x03(\v2\x14.lbd.v1.EventCounterR\fsocketEvents\"8\n" +
+	"\fEventCounter\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x04R\x05count\"\xc3\x03\n" +
 	"\aBgpPeer\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x17\n" +
 	"\apeer_as\x18\x02 \x01(\rR\x06peerAs\x12\x12\n" +
@@ -4869,7 +4936,7 @@ func file_lbd_v1_lbd_proto_rawDescGZIP() []byte {
 }
 
 var file_lbd_v1_lbd_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
-var file_lbd_v1_lbd_proto_msgTypes = make([]protoimpl.MessageInfo, 67)
+var file_lbd_v1_lbd_proto_msgTypes = make([]protoimpl.MessageInfo, 68)
 var file_lbd_v1_lbd_proto_goTypes = []any{
 	(Protocol)(0),                          // 0: lbd.v1.Protocol
 	(HashMode)(0),                          // 1: lbd.v1.HashMode
@@ -4924,33 +4991,34 @@ var file_lbd_v1_lbd_proto_goTypes = []any{
 	(*ServiceStats)(nil),                   // 50: lbd.v1.ServiceStats
 	(*BackendStats)(nil),                   // 51: lbd.v1.BackendStats
 	(*GetStatsResponse)(nil),               // 52: lbd.v1.GetStatsResponse
-	(*BgpPeer)(nil),                        // 53: lbd.v1.BgpPeer
-	(*BgpPeerStatus)(nil),                  // 54: lbd.v1.BgpPeerStatus
-	(*CreateBgpPeerRequest)(nil),           // 55: lbd.v1.CreateBgpPeerRequest
-	(*CreateBgpPeerResponse)(nil),          // 56: lbd.v1.CreateBgpPeerResponse
-	(*GetBgpPeerRequest)(nil),              // 57: lbd.v1.GetBgpPeerRequest
-	(*GetBgpPeerResponse)(nil),             // 58: lbd.v1.GetBgpPeerResponse
-	(*ListBgpPeersRequest)(nil),            // 59: lbd.v1.ListBgpPeersRequest
-	(*ListBgpPeersResponse)(nil),           // 60: lbd.v1.ListBgpPeersResponse
-	(*UpdateBgpPeerRequest)(nil),           // 61: lbd.v1.UpdateBgpPeerRequest
-	(*UpdateBgpPeerResponse)(nil),          // 62: lbd.v1.UpdateBgpPeerResponse
-	(*DeleteBgpPeerRequest)(nil),           // 63: lbd.v1.DeleteBgpPeerRequest
-	(*DeleteBgpPeerResponse)(nil),          // 64: lbd.v1.DeleteBgpPeerResponse
-	(*ListBgpRoutesRequest)(nil),           // 65: lbd.v1.ListBgpRoutesRequest
-	(*BgpRoute)(nil),                       // 66: lbd.v1.BgpRoute
-	(*ListBgpRoutesResponse)(nil),          // 67: lbd.v1.ListBgpRoutesResponse
-	(*Node)(nil),                           // 68: lbd.v1.Node
-	(*GetNodeRequest)(nil),                 // 69: lbd.v1.GetNodeRequest
-	(*GetNodeResponse)(nil),                // 70: lbd.v1.GetNodeResponse
-	(*DrainNodeRequest)(nil),               // 71: lbd.v1.DrainNodeRequest
-	(*DrainNodeResponse)(nil),              // 72: lbd.v1.DrainNodeResponse
-	(*UndrainNodeRequest)(nil),             // 73: lbd.v1.UndrainNodeRequest
-	(*UndrainNodeResponse)(nil),            // 74: lbd.v1.UndrainNodeResponse
-	(*DetachNodeRequest)(nil),              // 75: lbd.v1.DetachNodeRequest
-	(*DetachNodeResponse)(nil),             // 76: lbd.v1.DetachNodeResponse
-	(*durationpb.Duration)(nil),            // 77: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),          // 78: google.protobuf.Timestamp
-	(*fieldmaskpb.FieldMask)(nil),          // 79: google.protobuf.FieldMask
+	(*EventCounter)(nil),                   // 53: lbd.v1.EventCounter
+	(*BgpPeer)(nil),                        // 54: lbd.v1.BgpPeer
+	(*BgpPeerStatus)(nil),                  // 55: lbd.v1.BgpPeerStatus
+	(*CreateBgpPeerRequest)(nil),           // 56: lbd.v1.CreateBgpPeerRequest
+	(*CreateBgpPeerResponse)(nil),          // 57: lbd.v1.CreateBgpPeerResponse
+	(*GetBgpPeerRequest)(nil),              // 58: lbd.v1.GetBgpPeerRequest
+	(*GetBgpPeerResponse)(nil),             // 59: lbd.v1.GetBgpPeerResponse
+	(*ListBgpPeersRequest)(nil),            // 60: lbd.v1.ListBgpPeersRequest
+	(*ListBgpPeersResponse)(nil),           // 61: lbd.v1.ListBgpPeersResponse
+	(*UpdateBgpPeerRequest)(nil),           // 62: lbd.v1.UpdateBgpPeerRequest
+	(*UpdateBgpPeerResponse)(nil),          // 63: lbd.v1.UpdateBgpPeerResponse
+	(*DeleteBgpPeerRequest)(nil),           // 64: lbd.v1.DeleteBgpPeerRequest
+	(*DeleteBgpPeerResponse)(nil),          // 65: lbd.v1.DeleteBgpPeerResponse
+	(*ListBgpRoutesRequest)(nil),           // 66: lbd.v1.ListBgpRoutesRequest
+	(*BgpRoute)(nil),                       // 67: lbd.v1.BgpRoute
+	(*ListBgpRoutesResponse)(nil),          // 68: lbd.v1.ListBgpRoutesResponse
+	(*Node)(nil),                           // 69: lbd.v1.Node
+	(*GetNodeRequest)(nil),                 // 70: lbd.v1.GetNodeRequest
+	(*GetNodeResponse)(nil),                // 71: lbd.v1.GetNodeResponse
+	(*DrainNodeRequest)(nil),               // 72: lbd.v1.DrainNodeRequest
+	(*DrainNodeResponse)(nil),              // 73: lbd.v1.DrainNodeResponse
+	(*UndrainNodeRequest)(nil),             // 74: lbd.v1.UndrainNodeRequest
+	(*UndrainNodeResponse)(nil),            // 75: lbd.v1.UndrainNodeResponse
+	(*DetachNodeRequest)(nil),              // 76: lbd.v1.DetachNodeRequest
+	(*DetachNodeResponse)(nil),             // 77: lbd.v1.DetachNodeResponse
+	(*durationpb.Duration)(nil),            // 78: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),          // 79: google.protobuf.Timestamp
+	(*fieldmaskpb.FieldMask)(nil),          // 80: google.protobuf.FieldMask
 }
 var file_lbd_v1_lbd_proto_depIdxs = []int32{
 	0,  // 0: lbd.v1.Service.protocol:type_name -> lbd.v1.Protocol
@@ -4961,17 +5029,17 @@ var file_lbd_v1_lbd_proto_depIdxs = []int32{
 	3,  // 5: lbd.v1.Service.advertise_policy:type_name -> lbd.v1.AdvertisePolicy
 	13, // 6: lbd.v1.Service.backends:type_name -> lbd.v1.Backend
 	15, // 7: lbd.v1.Service.status:type_name -> lbd.v1.ServiceStatus
-	77, // 8: lbd.v1.SessionAffinity.timeout:type_name -> google.protobuf.Duration
+	78, // 8: lbd.v1.SessionAffinity.timeout:type_name -> google.protobuf.Duration
 	4,  // 9: lbd.v1.HealthCheck.type:type_name -> lbd.v1.HealthCheckType
-	77, // 10: lbd.v1.HealthCheck.interval:type_name -> google.protobuf.Duration
-	77, // 11: lbd.v1.HealthCheck.timeout:type_name -> google.protobuf.Duration
+	78, // 10: lbd.v1.HealthCheck.interval:type_name -> google.protobuf.Duration
+	78, // 11: lbd.v1.HealthCheck.timeout:type_name -> google.protobuf.Duration
 	5,  // 12: lbd.v1.Backend.state:type_name -> lbd.v1.BackendState
 	14, // 13: lbd.v1.Backend.health:type_name -> lbd.v1.BackendHealth
 	6,  // 14: lbd.v1.BackendHealth.state:type_name -> lbd.v1.HealthState
-	78, // 15: lbd.v1.BackendHealth.last_check_time:type_name -> google.protobuf.Timestamp
-	78, // 16: lbd.v1.BackendHealth.last_transition_time:type_name -> google.protobuf.Timestamp
+	79, // 15: lbd.v1.BackendHealth.last_check_time:type_name -> google.protobuf.Timestamp
+	79, // 16: lbd.v1.BackendHealth.last_transition_time:type_name -> google.protobuf.Timestamp
 	7,  // 17: lbd.v1.ServiceStatus.state:type_name -> lbd.v1.ServiceState
-	78, // 18: lbd.v1.ServiceStatus.update_time:type_name -> google.protobuf.Timestamp
+	79, // 18: lbd.v1.ServiceStatus.update_time:type_name -> google.protobuf.Timestamp
 	10, // 19: lbd.v1.CreateServiceRequest.service:type_name -> lbd.v1.Service
 	10, // 20: lbd.v1.CreateServiceResponse.service:type_name -> lbd.v1.Service
 	10, // 21: lbd.v1.GetServiceResponse.service:type_name -> lbd.v1.Service
@@ -4986,95 +5054,96 @@ var file_lbd_v1_lbd_proto_depIdxs = []int32{
 	13, // 30: lbd.v1.GetBackendResponse.backend:type_name -> lbd.v1.Backend
 	13, // 31: lbd.v1.ListBackendsResponse.backends:type_name -> lbd.v1.Backend
 	13, // 32: lbd.v1.UpdateBackendRequest.backend:type_name -> lbd.v1.Backend
-	79, // 33: lbd.v1.UpdateBackendRequest.update_mask:type_name -> google.protobuf.FieldMask
+	80, // 33: lbd.v1.UpdateBackendRequest.update_mask:type_name -> google.protobuf.FieldMask
 	5,  // 34: lbd.v1.UpdateBackendRequest.only_from_states:type_name -> lbd.v1.BackendState
 	13, // 35: lbd.v1.UpdateBackendResponse.backend:type_name -> lbd.v1.Backend
 	0,  // 36: lbd.v1.TraceFlowRequest.protocol:type_name -> lbd.v1.Protocol
 	13, // 37: lbd.v1.TraceFlowResponse.backend:type_name -> lbd.v1.Backend
 	0,  // 38: lbd.v1.Connection.protocol:type_name -> lbd.v1.Protocol
-	78, // 39: lbd.v1.Connection.last_seen_time:type_name -> google.protobuf.Timestamp
+	79, // 39: lbd.v1.Connection.last_seen_time:type_name -> google.protobuf.Timestamp
 	43, // 40: lbd.v1.ListConnectionsResponse.connections:type_name -> lbd.v1.Connection
 	0,  // 41: lbd.v1.SocketTranslation.protocol:type_name -> lbd.v1.Protocol
-	78, // 42: lbd.v1.SocketTranslation.create_time:type_name -> google.protobuf.Timestamp
+	79, // 42: lbd.v1.SocketTranslation.create_time:type_name -> google.protobuf.Timestamp
 	46, // 43: lbd.v1.ListSocketTranslationsResponse.translations:type_name -> lbd.v1.SocketTranslation
 	51, // 44: lbd.v1.ServiceStats.backends:type_name -> lbd.v1.BackendStats
 	50, // 45: lbd.v1.GetStatsResponse.services:type_name -> lbd.v1.ServiceStats
 	49, // 46: lbd.v1.GetStatsResponse.reasons:type_name -> lbd.v1.Counter
-	77, // 47: lbd.v1.BgpPeer.hold_time:type_name -> google.protobuf.Duration
-	77, // 48: lbd.v1.BgpPeer.keepalive_interval:type_name -> google.protobuf.Duration
-	77, // 49: lbd.v1.BgpPeer.graceful_restart_time:type_name -> google.protobuf.Duration
-	54, // 50: lbd.v1.BgpPeer.status:type_name -> lbd.v1.BgpPeerStatus
-	9,  // 51: lbd.v1.BgpPeerStatus.state:type_name -> lbd.v1.BgpSessionState
-	78, // 52: lbd.v1.BgpPeerStatus.since_time:type_name -> google.protobuf.Timestamp
-	53, // 53: lbd.v1.CreateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
-	53, // 54: lbd.v1.CreateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
-	53, // 55: lbd.v1.GetBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
-	53, // 56: lbd.v1.ListBgpPeersResponse.peers:type_name -> lbd.v1.BgpPeer
-	53, // 57: lbd.v1.UpdateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
-	53, // 58: lbd.v1.UpdateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
-	66, // 59: lbd.v1.ListBgpRoutesResponse.routes:type_name -> lbd.v1.BgpRoute
-	78, // 60: lbd.v1.Node.start_time:type_name -> google.protobuf.Timestamp
-	68, // 61: lbd.v1.GetNodeResponse.node:type_name -> lbd.v1.Node
-	68, // 62: lbd.v1.DrainNodeResponse.node:type_name -> lbd.v1.Node
-	68, // 63: lbd.v1.UndrainNodeResponse.node:type_name -> lbd.v1.Node
-	68, // 64: lbd.v1.DetachNodeResponse.node:type_name -> lbd.v1.Node
-	16, // 65: lbd.v1.LoadBalancerService.CreateService:input_type -> lbd.v1.CreateServiceRequest
-	18, // 66: lbd.v1.LoadBalancerService.GetService:input_type -> lbd.v1.GetServiceRequest
-	20, // 67: lbd.v1.LoadBalancerService.ListServices:input_type -> lbd.v1.ListServicesRequest
-	22, // 68: lbd.v1.LoadBalancerService.UpdateService:input_type -> lbd.v1.UpdateServiceRequest
-	24, // 69: lbd.v1.LoadBalancerService.DeleteService:input_type -> lbd.v1.DeleteServiceRequest
-	26, // 70: lbd.v1.LoadBalancerService.ApplyServices:input_type -> lbd.v1.ApplyServicesRequest
-	28, // 71: lbd.v1.LoadBalancerService.WatchServices:input_type -> lbd.v1.WatchServicesRequest
-	30, // 72: lbd.v1.LoadBalancerService.CreateBackend:input_type -> lbd.v1.CreateBackendRequest
-	32, // 73: lbd.v1.LoadBalancerService.GetBackend:input_type -> lbd.v1.GetBackendRequest
-	34, // 74: lbd.v1.LoadBalancerService.ListBackends:input_type -> lbd.v1.ListBackendsRequest
-	36, // 75: lbd.v1.LoadBalancerService.UpdateBackend:input_type -> lbd.v1.UpdateBackendRequest
-	38, // 76: lbd.v1.LoadBalancerService.DeleteBackend:input_type -> lbd.v1.DeleteBackendRequest
-	40, // 77: lbd.v1.LoadBalancerService.TraceFlow:input_type -> lbd.v1.TraceFlowRequest
-	42, // 78: lbd.v1.LoadBalancerService.ListConnections:input_type -> lbd.v1.ListConnectionsRequest
-	48, // 79: lbd.v1.LoadBalancerService.GetStats:input_type -> lbd.v1.GetStatsRequest
-	45, // 80: lbd.v1.LoadBalancerService.ListSocketTranslations:input_type -> lbd.v1.ListSocketTranslationsRequest
-	55, // 81: lbd.v1.BgpService.CreateBgpPeer:input_type -> lbd.v1.CreateBgpPeerRequest
-	57, // 82: lbd.v1.BgpService.GetBgpPeer:input_type -> lbd.v1.GetBgpPeerRequest
-	59, // 83: lbd.v1.BgpService.ListBgpPeers:input_type -> lbd.v1.ListBgpPeersRequest
-	61, // 84: lbd.v1.BgpService.UpdateBgpPeer:input_type -> lbd.v1.UpdateBgpPeerRequest
-	63, // 85: lbd.v1.BgpService.DeleteBgpPeer:input_type -> lbd.v1.DeleteBgpPeerRequest
-	65, // 86: lbd.v1.BgpService.ListBgpRoutes:input_type -> lbd.v1.ListBgpRoutesRequest
-	69, // 87: lbd.v1.NodeService.GetNode:input_type -> lbd.v1.GetNodeRequest
-	71, // 88: lbd.v1.NodeService.DrainNode:input_type -> lbd.v1.DrainNodeRequest
-	73, // 89: lbd.v1.NodeService.UndrainNode:input_type -> lbd.v1.UndrainNodeRequest
-	75, // 90: lbd.v1.NodeService.DetachNode:input_type -> lbd.v1.DetachNodeRequest
-	17, // 91: lbd.v1.LoadBalancerService.CreateService:output_type -> lbd.v1.CreateServiceResponse
-	19, // 92: lbd.v1.LoadBalancerService.GetService:output_type -> lbd.v1.GetServiceResponse
-	21, // 93: lbd.v1.LoadBalancerService.ListServices:output_type -> lbd.v1.ListServicesResponse
-	23, // 94: lbd.v1.LoadBalancerService.UpdateService:output_type -> lbd.v1.UpdateServiceResponse
-	25, // 95: lbd.v1.LoadBalancerService.DeleteService:output_type -> lbd.v1.DeleteServiceResponse
-	27, // 96: lbd.v1.LoadBalancerService.ApplyServices:output_type -> lbd.v1.ApplyServicesResponse
-	29, // 97: lbd.v1.LoadBalancerService.WatchServices:output_type -> lbd.v1.WatchServicesResponse
-	31, // 98: lbd.v1.LoadBalancerService.CreateBackend:output_type -> lbd.v1.CreateBackendResponse
-	33, // 99: lbd.v1.LoadBalancerService.GetBackend:output_type -> lbd.v1.GetBackendResponse
-	35, // 100: lbd.v1.LoadBalancerService.ListBackends:output_type -> lbd.v1.ListBackendsResponse
-	37, // 101: lbd.v1.LoadBalancerService.UpdateBackend:output_type -> lbd.v1.UpdateBackendResponse
-	39, // 102: lbd.v1.LoadBalancerService.DeleteBackend:output_type -> lbd.v1.DeleteBackendResponse
-	41, // 103: lbd.v1.LoadBalancerService.TraceFlow:output_type -> lbd.v1.TraceFlowResponse
-	44, // 104: lbd.v1.LoadBalancerService.ListConnections:output_type -> lbd.v1.ListConnectionsResponse
-	52, // 105: lbd.v1.LoadBalancerService.GetStats:output_type -> lbd.v1.GetStatsResponse
-	47, // 106: lbd.v1.LoadBalancerService.ListSocketTranslations:output_type -> lbd.v1.ListSocketTranslationsResponse
-	56, // 107: lbd.v1.BgpService.CreateBgpPeer:output_type -> lbd.v1.CreateBgpPeerResponse
-	58, // 108: lbd.v1.BgpService.GetBgpPeer:output_type -> lbd.v1.GetBgpPeerResponse
-	60, // 109: lbd.v1.BgpService.ListBgpPeers:output_type -> lbd.v1.ListBgpPeersResponse
-	62, // 110: lbd.v1.BgpService.UpdateBgpPeer:output_type -> lbd.v1.UpdateBgpPeerResponse
-	64, // 111: lbd.v1.BgpService.DeleteBgpPeer:output_type -> lbd.v1.DeleteBgpPeerResponse
-	67, // 112: lbd.v1.BgpService.ListBgpRoutes:output_type -> lbd.v1.ListBgpRoutesResponse
-	70, // 113: lbd.v1.NodeService.GetNode:output_type -> lbd.v1.GetNodeResponse
-	72, // 114: lbd.v1.NodeService.DrainNode:output_type -> lbd.v1.DrainNodeResponse
-	74, // 115: lbd.v1.NodeService.UndrainNode:output_type -> lbd.v1.UndrainNodeResponse
-	76, // 116: lbd.v1.NodeService.DetachNode:output_type -> lbd.v1.DetachNodeResponse
-	91, // [91:117] is the sub-list for method output_type
-	65, // [65:91] is the sub-list for method input_type
-	65, // [65:65] is the sub-list for extension type_name
-	65, // [65:65] is the sub-list for extension extendee
-	0,  // [0:65] is the sub-list for field type_name
+	53, // 47: lbd.v1.GetStatsResponse.socket_events:type_name -> lbd.v1.EventCounter
+	78, // 48: lbd.v1.BgpPeer.hold_time:type_name -> google.protobuf.Duration
+	78, // 49: lbd.v1.BgpPeer.keepalive_interval:type_name -> google.protobuf.Duration
+	78, // 50: lbd.v1.BgpPeer.graceful_restart_time:type_name -> google.protobuf.Duration
+	55, // 51: lbd.v1.BgpPeer.status:type_name -> lbd.v1.BgpPeerStatus
+	9,  // 52: lbd.v1.BgpPeerStatus.state:type_name -> lbd.v1.BgpSessionState
+	79, // 53: lbd.v1.BgpPeerStatus.since_time:type_name -> google.protobuf.Timestamp
+	54, // 54: lbd.v1.CreateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
+	54, // 55: lbd.v1.CreateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
+	54, // 56: lbd.v1.GetBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
+	54, // 57: lbd.v1.ListBgpPeersResponse.peers:type_name -> lbd.v1.BgpPeer
+	54, // 58: lbd.v1.UpdateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
+	54, // 59: lbd.v1.UpdateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
+	67, // 60: lbd.v1.ListBgpRoutesResponse.routes:type_name -> lbd.v1.BgpRoute
+	79, // 61: lbd.v1.Node.start_time:type_name -> google.protobuf.Timestamp
+	69, // 62: lbd.v1.GetNodeResponse.node:type_name -> lbd.v1.Node
+	69, // 63: lbd.v1.DrainNodeResponse.node:type_name -> lbd.v1.Node
+	69, // 64: lbd.v1.UndrainNodeResponse.node:type_name -> lbd.v1.Node
+	69, // 65: lbd.v1.DetachNodeResponse.node:type_name -> lbd.v1.Node
+	16, // 66: lbd.v1.LoadBalancerService.CreateService:input_type -> lbd.v1.CreateServiceRequest
+	18, // 67: lbd.v1.LoadBalancerService.GetService:input_type -> lbd.v1.GetServiceRequest
+	20, // 68: lbd.v1.LoadBalancerService.ListServices:input_type -> lbd.v1.ListServicesRequest
+	22, // 69: lbd.v1.LoadBalancerService.UpdateService:input_type -> lbd.v1.UpdateServiceRequest
+	24, // 70: lbd.v1.LoadBalancerService.DeleteService:input_type -> lbd.v1.DeleteServiceRequest
+	26, // 71: lbd.v1.LoadBalancerService.ApplyServices:input_type -> lbd.v1.ApplyServicesRequest
+	28, // 72: lbd.v1.LoadBalancerService.WatchServices:input_type -> lbd.v1.WatchServicesRequest
+	30, // 73: lbd.v1.LoadBalancerService.CreateBackend:input_type -> lbd.v1.CreateBackendRequest
+	32, // 74: lbd.v1.LoadBalancerService.GetBackend:input_type -> lbd.v1.GetBackendRequest
+	34, // 75: lbd.v1.LoadBalancerService.ListBackends:input_type -> lbd.v1.ListBackendsRequest
+	36, // 76: lbd.v1.LoadBalancerService.UpdateBackend:input_type -> lbd.v1.UpdateBackendRequest
+	38, // 77: lbd.v1.LoadBalancerService.DeleteBackend:input_type -> lbd.v1.DeleteBackendRequest
+	40, // 78: lbd.v1.LoadBalancerService.TraceFlow:input_type -> lbd.v1.TraceFlowRequest
+	42, // 79: lbd.v1.LoadBalancerService.ListConnections:input_type -> lbd.v1.ListConnectionsRequest
+	48, // 80: lbd.v1.LoadBalancerService.GetStats:input_type -> lbd.v1.GetStatsRequest
+	45, // 81: lbd.v1.LoadBalancerService.ListSocketTranslations:input_type -> lbd.v1.ListSocketTranslationsRequest
+	56, // 82: lbd.v1.BgpService.CreateBgpPeer:input_type -> lbd.v1.CreateBgpPeerRequest
+	58, // 83: lbd.v1.BgpService.GetBgpPeer:input_type -> lbd.v1.GetBgpPeerRequest
+	60, // 84: lbd.v1.BgpService.ListBgpPeers:input_type -> lbd.v1.ListBgpPeersRequest
+	62, // 85: lbd.v1.BgpService.UpdateBgpPeer:input_type -> lbd.v1.UpdateBgpPeerRequest
+	64, // 86: lbd.v1.BgpService.DeleteBgpPeer:input_type -> lbd.v1.DeleteBgpPeerRequest
+	66, // 87: lbd.v1.BgpService.ListBgpRoutes:input_type -> lbd.v1.ListBgpRoutesRequest
+	70, // 88: lbd.v1.NodeService.GetNode:input_type -> lbd.v1.GetNodeRequest
+	72, // 89: lbd.v1.NodeService.DrainNode:input_type -> lbd.v1.DrainNodeRequest
+	74, // 90: lbd.v1.NodeService.UndrainNode:input_type -> lbd.v1.UndrainNodeRequest
+	76, // 91: lbd.v1.NodeService.DetachNode:input_type -> lbd.v1.DetachNodeRequest
+	17, // 92: lbd.v1.LoadBalancerService.CreateService:output_type -> lbd.v1.CreateServiceResponse
+	19, // 93: lbd.v1.LoadBalancerService.GetService:output_type -> lbd.v1.GetServiceResponse
+	21, // 94: lbd.v1.LoadBalancerService.ListServices:output_type -> lbd.v1.ListServicesResponse
+	23, // 95: lbd.v1.LoadBalancerService.UpdateService:output_type -> lbd.v1.UpdateServiceResponse
+	25, // 96: lbd.v1.LoadBalancerService.DeleteService:output_type -> lbd.v1.DeleteServiceResponse
+	27, // 97: lbd.v1.LoadBalancerService.ApplyServices:output_type -> lbd.v1.ApplyServicesResponse
+	29, // 98: lbd.v1.LoadBalancerService.WatchServices:output_type -> lbd.v1.WatchServicesResponse
+	31, // 99: lbd.v1.LoadBalancerService.CreateBackend:output_type -> lbd.v1.CreateBackendResponse
+	33, // 100: lbd.v1.LoadBalancerService.GetBackend:output_type -> lbd.v1.GetBackendResponse
+	35, // 101: lbd.v1.LoadBalancerService.ListBackends:output_type -> lbd.v1.ListBackendsResponse
+	37, // 102: lbd.v1.LoadBalancerService.UpdateBackend:output_type -> lbd.v1.UpdateBackendResponse
+	39, // 103: lbd.v1.LoadBalancerService.DeleteBackend:output_type -> lbd.v1.DeleteBackendResponse
+	41, // 104: lbd.v1.LoadBalancerService.TraceFlow:output_type -> lbd.v1.TraceFlowResponse
+	44, // 105: lbd.v1.LoadBalancerService.ListConnections:output_type -> lbd.v1.ListConnectionsResponse
+	52, // 106: lbd.v1.LoadBalancerService.GetStats:output_type -> lbd.v1.GetStatsResponse
+	47, // 107: lbd.v1.LoadBalancerService.ListSocketTranslations:output_type -> lbd.v1.ListSocketTranslationsResponse
+	57, // 108: lbd.v1.BgpService.CreateBgpPeer:output_type -> lbd.v1.CreateBgpPeerResponse
+	59, // 109: lbd.v1.BgpService.GetBgpPeer:output_type -> lbd.v1.GetBgpPeerResponse
+	61, // 110: lbd.v1.BgpService.ListBgpPeers:output_type -> lbd.v1.ListBgpPeersResponse
+	63, // 111: lbd.v1.BgpService.UpdateBgpPeer:output_type -> lbd.v1.UpdateBgpPeerResponse
+	65, // 112: lbd.v1.BgpService.DeleteBgpPeer:output_type -> lbd.v1.DeleteBgpPeerResponse
+	68, // 113: lbd.v1.BgpService.ListBgpRoutes:output_type -> lbd.v1.ListBgpRoutesResponse
+	71, // 114: lbd.v1.NodeService.GetNode:output_type -> lbd.v1.GetNodeResponse
+	73, // 115: lbd.v1.NodeService.DrainNode:output_type -> lbd.v1.DrainNodeResponse
+	75, // 116: lbd.v1.NodeService.UndrainNode:output_type -> lbd.v1.UndrainNodeResponse
+	77, // 117: lbd.v1.NodeService.DetachNode:output_type -> lbd.v1.DetachNodeResponse
+	92, // [92:118] is the sub-list for method output_type
+	66, // [66:92] is the sub-list for method input_type
+	66, // [66:66] is the sub-list for extension type_name
+	66, // [66:66] is the sub-list for extension extendee
+	0,  // [0:66] is the sub-list for field type_name
 }
 
 func init() { file_lbd_v1_lbd_proto_init() }
@@ -5088,7 +5157,7 @@ func file_lbd_v1_lbd_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lbd_v1_lbd_proto_rawDesc), len(file_lbd_v1_lbd_proto_rawDesc)),
 			NumEnums:      10,
-			NumMessages:   67,
+			NumMessages:   68,
 			NumExtensions: 0,
 			NumServices:   3,
 		},
