@@ -202,7 +202,7 @@ func (s *Server) ListBackends(_ context.Context, r *lbdv1.ListBackendsRequest) (
 // UpdateBackend implements lbdv1.LoadBalancerServiceServer.
 func (s *Server) UpdateBackend(_ context.Context, r *lbdv1.UpdateBackendRequest) (*lbdv1.UpdateBackendResponse, error) {
 	b, err := s.st.UpdateBackendFields(r.GetServiceName(), r.GetBackend(), store.BackendUpdate{
-		Fields: r.GetUpdateMask().GetPaths(), ExpectedRevision: r.GetExpectedRevision(), FromStates: r.GetOnlyFromStates(),
+		Fields: r.GetUpdateMask().GetPaths(), FromStates: r.GetOnlyFromStates(),
 	})
 	if err != nil {
 		return nil, err

@@ -728,15 +728,13 @@ func (s *Store) UpdateBackend(serviceName string, in *lbdv1.Backend) (*lbdv1.Bac
 type BackendUpdate struct {
 	// Fields are the fields replaced: node_address, weight, state; none: all three.
 	Fields []string
-	// ExpectedRevision, if non-zero, is the revision the service must still be at.
-	ExpectedRevision uint64
 	// FromStates, if not empty, are the states the backend must be in.
 	FromStates []lbdv1.BackendState
 }
 
 // UpdateBackendFields replaces the fields u names of a backend, keeping the others as
-// stored, if u's conditions hold; the conditions are checked and the change made in
-// one transaction.
+// stored, if the backend is in one of u.FromStates (when given); the state is checked
+// and the change made in one transaction.
 func (s *Store) UpdateBackendFields(serviceName string, in *lbdv1.Backend, u BackendUpdate) (*lbdv1.Backend, error) {
 	if in == nil {
 		return nil, invalid("backend", "is required")
@@ -752,9 +750,6 @@ func (s *Store) UpdateBackendFields(serviceName string, in *lbdv1.Backend, u Bac
 		return nil, err
 	}
 	svc, err := s.editBackends(serviceName, func(svc *lbdv1.Service) error {
-		if u.ExpectedRevision != 0 && svc.Revision != u.ExpectedRevision {
-			return failedPrecondition("expected_revision", "service %q is at revision %d, not %d: it changed since it was read", serviceName, svc.Revision, u.ExpectedRevision)
-		}
 		i := findBackend(svc, key)
 		if i < 0 {
 			return notFound("backend %s not found in service %q", key, serviceName)

@@ -2165,10 +2165,6 @@ type UpdateBackendRequest struct {
 	// Fields of backend to replace: "node_address", "weight", "state". Empty replaces all
 	// three. Naming only the field to change keeps concurrent changes to the others.
 	UpdateMask *fieldmaskpb.FieldMask `protobuf:"bytes,3,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
-	// If non-zero, the update fails with FAILED_PRECONDITION unless the service's stored
-	// revision matches: a client that decided from what it read changes nothing if the
-	// service changed since.
-	ExpectedRevision uint64 `protobuf:"varint,4,opt,name=expected_revision,json=expectedRevision,proto3" json:"expected_revision,omitempty"`
 	// If not empty, the update fails with FAILED_PRECONDITION unless the backend's stored
 	// state is one of these: a state change that only applies from some states (undrain
 	// must not revive a disabled backend) is decided atomically, without a read first.
@@ -2226,13 +2222,6 @@ func (x *UpdateBackendRequest) GetUpdateMask() *fieldmaskpb.FieldMask {
 		return x.UpdateMask
 	}
 	return nil
-}
-
-func (x *UpdateBackendRequest) GetExpectedRevision() uint64 {
-	if x != nil {
-		return x.ExpectedRevision
-	}
-	return 0
 }
 
 func (x *UpdateBackendRequest) GetOnlyFromStates() []BackendState {
@@ -4680,14 +4669,13 @@ const file_lbd_v1_lbd_proto_rawDesc = "" +
 	"\x13ListBackendsRequest\x12!\n" +
 	"\fservice_name\x18\x01 \x01(\tR\vserviceName\"C\n" +
 	"\x14ListBackendsResponse\x12+\n" +
-	"\bbackends\x18\x01 \x03(\v2\x0f.lbd.v1.BackendR\bbackends\"\x8e\x02\n" +
+	"\bbackends\x18\x01 \x03(\v2\x0f.lbd.v1.BackendR\bbackends\"\xfa\x01\n" +
 	"\x14UpdateBackendRequest\x12!\n" +
 	"\fservice_name\x18\x01 \x01(\tR\vserviceName\x12)\n" +
 	"\abackend\x18\x02 \x01(\v2\x0f.lbd.v1.BackendR\abackend\x12;\n" +
 	"\vupdate_mask\x18\x03 \x01(\v2\x1a.google.protobuf.FieldMaskR\n" +
-	"updateMask\x12+\n" +
-	"\x11expected_revision\x18\x04 \x01(\x04R\x10expectedRevision\x12>\n" +
-	"\x10only_from_states\x18\x05 \x03(\x0e2\x14.lbd.v1.BackendStateR\x0eonlyFromStates\"B\n" +
+	"updateMask\x12>\n" +
+	"\x10only_from_states\x18\x05 \x03(\x0e2\x14.lbd.v1.BackendStateR\x0eonlyFromStatesJ\x04\b\x04\x10\x05R\x11expected_revision\"B\n" +
 	"\x15UpdateBackendResponse\x12)\n" +
 	"\abackend\x18\x01 \x01(\v2\x0f.lbd.v1.BackendR\abackend\"g\n" +
 	"\x14DeleteBackendRequest\x12!\n" +
