@@ -1,6 +1,7 @@
 package store
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -109,6 +110,9 @@ func (s *Store) editRuntime(name string, edit func(svc *lbdv1.Service, rt *servi
 	s.notify([]Event{ev})
 	return nil
 }
+
+// ErrStaleRevision is returned by ReportDatapath for a revision that is no longer current.
+var ErrStaleRevision = errors.New("stale revision")
 
 // ReportDatapath records that the datapath programmed revision of a service, with an
 // error or with each backend's share of the Maglev table. Reports for a service that no

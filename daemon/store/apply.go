@@ -1,0 +1,106 @@
+package store
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+
+	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
+)
+
+// ApplyResult counts what ApplyServices did.
+type ApplyResult struct {
+	Created, Updated, Deleted, Unchanged int
+}
+
+// ApplyServices makes the services of owner exactly svcs, all or nothing. Services of
+// other owners are never touched; a name or frontend they use is a conflict.
+func (s *Store) ApplyServices(owner string, svcs []*lbdv1.Service) (ApplyResult, error) {
+	var res ApplyResult
+	if err := validateName("owner", owner); err != nil {
+		return res, err
+	}
+	want := make([]*lbdv1.Service, 0, len(svcs))
+	names := make(map[string]int, len(svcs))
+	fronts := make(map[frontendKey]int, len(svcs))
+	for i, in := range svcs {
+		if in != nil && in.Owner != "" && in.Owner != owner {
+			return res, invalid(fmt.Sprintf("services[%d].owner", i), "%q differs from the applying owner %q", in.Owner, owner)
+		}
+		svc, verr := normalizeService(in, s.opts.Limits)
+		if verr != nil {
+			verr.Field = fmt.Sprintf("services[%d]", i) + verr.Field[len("service"):]
+			return res, verr
+		}
+		svc.Owner = owner
+		if j, dup := names[svc.Name]; dup {
+			return res, invalid(fmt.Sprintf("services[%d].name", i), "duplicate name %q (also services[%d])", svc.Name, j)
+		}
+		names[svc.Name] = i
+		fk := frontendOf(svc)
+		if j, dup := fronts[fk]; dup {
+			return res, invalid(fmt.Sprintf("services[%d].vip", i), "duplicate frontend %s (also services[%d])", fk, j)
+		}
+		fronts[fk] = i
+		want = append(want, svc)
+	}
+	t := s.begin()
+	for i, svc := range want {
+		if old, ok := t.services[svc.Name]; ok && old.Owner != owner {
+			t.abort()
+			return res, failedPrecondition(fmt.Sprintf("services[%d].name", i), "service %q is owned by %q, not %q", svc.Name, old.Owner, owner)
+		}
+		if other, ok := t.frontends[frontendOf(svc)]; ok && t.services[other].Owner != owner {
+			t.abort()
+			return res, alreadyExists(fmt.Sprintf("services[%d].vip", i), "frontend %s is already used by service %q of owner %q", frontendOf(svc), other, t.services[other].Owner)
+		}
+	}
+	// Deletions first, so a frontend may move from one of the owner's services to another.
+	for _, name := range slices.Sorted(maps.Keys(t.services)) {
+		old := t.services[name]
+		if _, keep := names[name]; old.Owner == owner && !keep {
+			t.remove(old)
+			res.Deleted++
+		}
+	}
+	changed := make([]bool, len(want))
+	for i, svc := range want {
+		old := t.services[svc.Name]
+		if old != nil && sameSpec(svc, old) {
+			res.Unchanged++
+			continue
+		}
+		changed[i] = true
+		if old != nil {
+			delete(t.frontends, frontendOf(old))
+		}
+	}
+	for i, svc := range want {
+		if !changed[i] {
+			continue
+		}
+		old := t.services[svc.Name]
+		if other, ok := t.frontends[frontendOf(svc)]; ok && other != svc.Name {
+			t.abort()
+			return ApplyResult{}, alreadyExists("services.vip", "frontend %s is already used by service %q", frontendOf(svc), other)
+		}
+		t.put(svc, old)
+		if old == nil {
+			res.Created++
+		} else {
+			res.Updated++
+		}
+	}
+	if len(t.services) > s.opts.Limits.MaxServices {
+		t.abort()
+		return ApplyResult{}, failedPrecondition("services", "%d services would exceed the limit of %d", len(t.services), s.opts.Limits.MaxServices)
+	}
+	if len(t.events) == 0 {
+		t.abort()
+		return res, nil
+	}
+	if err := t.commit(); err != nil {
+		return ApplyResult{}, err
+	}
+	return res, nil
+}

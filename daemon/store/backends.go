@@ -1,0 +1,186 @@
+package store
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+
+	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
+	"google.golang.org/protobuf/proto"
+)
+
+// editBackends runs edit on a copy of a service's backends and stores the result.
+func (s *Store) editBackends(serviceName string, edit func(svc *lbdv1.Service) error) (*lbdv1.Service, error) {
+	t := s.begin()
+	old, ok := t.services[serviceName]
+	if !ok {
+		t.abort()
+		return nil, notFound("service %q not found", serviceName)
+	}
+	svc := proto.Clone(old).(*lbdv1.Service)
+	if err := edit(svc); err != nil {
+		t.abort()
+		return nil, err
+	}
+	if len(svc.Backends) > s.opts.Limits.MaxBackendsPerService {
+		t.abort()
+		return nil, failedPrecondition("backend", "service %q would have %d backends, over the limit of %d", serviceName, len(svc.Backends), s.opts.Limits.MaxBackendsPerService)
+	}
+	var weights uint32
+	for _, b := range svc.Backends {
+		weights += b.Weight
+	}
+	if weights > svc.MaglevTableSize {
+		t.abort()
+		return nil, invalid("backend.weight", "weights would add up to %d, more than the Maglev table size %d", weights, svc.MaglevTableSize)
+	}
+	sortBackends(svc.Backends)
+	if sameSpec(svc, old) {
+		t.abort()
+		return s.GetService(serviceName)
+	}
+	t.put(svc, old)
+	if err := t.commit(); err != nil {
+		return nil, err
+	}
+	return s.GetService(serviceName)
+}
+
+func findBackend(svc *lbdv1.Service, k netip.AddrPort) int {
+	return slices.IndexFunc(svc.Backends, func(b *lbdv1.Backend) bool { return backendKey(b) == k })
+}
+
+func parseBackendRef(address string, port uint32) (netip.AddrPort, error) {
+	a, err := netip.ParseAddr(address)
+	if err != nil {
+		return netip.AddrPort{}, invalid("address", "%q is not an IP address", address)
+	}
+	if port > 65535 {
+		return netip.AddrPort{}, invalid("port", "%d is not a port (0-65535)", port)
+	}
+	return netip.AddrPortFrom(a.WithZone(""), uint16(port)), nil
+}
+
+// CreateBackend adds a backend to a service.
+func (s *Store) CreateBackend(serviceName string, in *lbdv1.Backend) (*lbdv1.Backend, error) {
+	var key netip.AddrPort
+	svc, err := s.editBackends(serviceName, func(svc *lbdv1.Service) error {
+		b, verr := normalizeBackend("backend", in, netip.MustParseAddr(svc.Vip), svc.Port)
+		if verr != nil {
+			return verr
+		}
+		key = backendKey(b)
+		if findBackend(svc, key) >= 0 {
+			return alreadyExists("backend.address", "backend %s already exists in service %q", key, serviceName)
+		}
+		svc.Backends = append(svc.Backends, b)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return svc.Backends[findBackend(svc, key)], nil
+}
+
+// GetBackend returns one backend of a service.
+func (s *Store) GetBackend(serviceName, address string, port uint32) (*lbdv1.Backend, error) {
+	key, err := parseBackendRef(address, port)
+	if err != nil {
+		return nil, err
+	}
+	svc, err := s.GetService(serviceName)
+	if err != nil {
+		return nil, err
+	}
+	i := findBackend(svc, key)
+	if i < 0 {
+		return nil, notFound("backend %s not found in service %q", key, serviceName)
+	}
+	return svc.Backends[i], nil
+}
+
+// UpdateBackend replaces a backend's node address, weight and state.
+func (s *Store) UpdateBackend(serviceName string, in *lbdv1.Backend) (*lbdv1.Backend, error) {
+	return s.UpdateBackendFields(serviceName, in, BackendUpdate{})
+}
+
+// BackendUpdate says what UpdateBackendFields replaces, and on which conditions.
+type BackendUpdate struct {
+	// Fields are the fields replaced: node_address, weight, state; none: all three.
+	Fields []string
+	// FromStates, if not empty, are the states the backend must be in.
+	FromStates []lbdv1.BackendState
+}
+
+// UpdateBackendFields replaces the fields u names of a backend, keeping the others as
+// stored, if the backend is in one of u.FromStates (when given); the state is checked
+// and the change made in one transaction.
+func (s *Store) UpdateBackendFields(serviceName string, in *lbdv1.Backend, u BackendUpdate) (*lbdv1.Backend, error) {
+	if in == nil {
+		return nil, invalid("backend", "is required")
+	}
+	fields := u.Fields
+	for _, f := range fields {
+		if !slices.Contains(updatableBackendFields, f) {
+			return nil, invalid("update_mask", "%q is not one of %s", f, strings.Join(updatableBackendFields, ", "))
+		}
+	}
+	key, err := parseBackendRef(in.Address, in.Port)
+	if err != nil {
+		return nil, err
+	}
+	svc, err := s.editBackends(serviceName, func(svc *lbdv1.Service) error {
+		i := findBackend(svc, key)
+		if i < 0 {
+			return notFound("backend %s not found in service %q", key, serviceName)
+		}
+		if st := svc.Backends[i].State; len(u.FromStates) > 0 && !slices.Contains(u.FromStates, st) {
+			return failedPrecondition("only_from_states", "backend %s of service %q is %s, not one of %v", key, serviceName, st, u.FromStates)
+		}
+		merged := in
+		if len(fields) > 0 {
+			// Only the named fields come from in; the rest stay as stored.
+			merged = proto.Clone(svc.Backends[i]).(*lbdv1.Backend)
+			for _, f := range fields {
+				switch f {
+				case "node_address":
+					merged.NodeAddress = in.NodeAddress
+				case "weight":
+					merged.Weight = in.Weight
+				case "state":
+					merged.State = in.State
+				}
+			}
+		}
+		b, verr := normalizeBackend("backend", merged, netip.MustParseAddr(svc.Vip), svc.Port)
+		if verr != nil {
+			return verr
+		}
+		svc.Backends[i] = b
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return svc.Backends[findBackend(svc, key)], nil
+}
+
+// updatableBackendFields are the fields UpdateBackend may be asked to replace alone.
+var updatableBackendFields = []string{"node_address", "weight", "state"}
+
+// DeleteBackend removes a backend from a service.
+func (s *Store) DeleteBackend(serviceName, address string, port uint32) error {
+	key, err := parseBackendRef(address, port)
+	if err != nil {
+		return err
+	}
+	_, err = s.editBackends(serviceName, func(svc *lbdv1.Service) error {
+		i := findBackend(svc, key)
+		if i < 0 {
+			return notFound("backend %s not found in service %q", key, serviceName)
+		}
+		svc.Backends = slices.Delete(svc.Backends, i, i+1)
+		return nil
+	})
+	return err
+}
