@@ -4,9 +4,7 @@
 #ifndef LBD_BACKENDTC_H
 #define LBD_BACKENDTC_H
 
-#include <linux/types.h>
-#include <linux/bpf.h>
-#include <bpf/bpf_helpers.h>
+#include "lbd_net.h"
 
 /* tcx verdicts; Debian's 6.1 uapi headers predate tcx, so they are spelled here. */
 #define LBD_TCX_NEXT -1
@@ -17,16 +15,13 @@
 #define LBD_ADJ_ROOM_DECAP_L3_IPV4 (1ULL << 7)
 #define LBD_ADJ_ROOM_DECAP_L3_IPV6 (1ULL << 8)
 
-#define LBD_AF_INET 4
-#define LBD_AF_INET6 6
-
 /* Non-critical options are skipped; a Geneve header with more options than this
  * is refused rather than walked, so the loop stays short. */
 #define LBD_MAX_GENEVE_OPTS 8
 
 /* last_seen is rewritten at most this often per entry, so that ingress and egress
  * CPUs do not bounce the cache line on every packet. The GC works in seconds. */
-#define LBD_NAT_TOUCH_NS 1000000000ULL
+#define LBD_NAT_TOUCH_NS LBD_NSEC_PER_SEC
 
 /* nat_val.flags */
 #define LBD_NAT_F_CLOSING 0x1 /* a FIN or RST was seen: the GC uses the short timeout */
@@ -46,7 +41,7 @@ struct nat_key {
 	__be16 backend_port;
 	__be16 client_port;
 	__u8 proto;
-	__u8 family; /* LBD_AF_INET or LBD_AF_INET6 */
+	__u8 family; /* LBD_FAMILY_V4 or LBD_FAMILY_V6 */
 	__u8 pad[2];
 };
 

@@ -16,6 +16,8 @@
 #define lbd_likely(x) __builtin_expect(!!(x), 1)
 #define lbd_unlikely(x) __builtin_expect(!!(x), 0)
 
+#define LBD_NSEC_PER_SEC 1000000000ULL
+
 #define LBD_ETH_ALEN 6
 #define LBD_ETH_HLEN 14
 #define LBD_VLAN_HLEN 4
@@ -137,6 +139,22 @@ struct lbd_icmphdr {
 
 /* The structs above have no implicit padding, so they are not marked packed:
  * packed would make clang emit byte-wise loads and stores for every field. */
+LBD_INLINE __u8 lbd_ip4_version(const struct lbd_iphdr *ip) { return ip->ver_ihl >> 4; }
+
+/* IPv4 header length in bytes, options included. */
+LBD_INLINE __u32 lbd_ip4_hlen(const struct lbd_iphdr *ip) { return (ip->ver_ihl & 0x0f) * 4; }
+
+LBD_INLINE __u8 lbd_ip6_version(const struct lbd_ipv6hdr *ip6) { return ((const __u8 *)ip6)[0] >> 4; }
+
+/* Whether two 16-byte addresses (lbd's map form: IPv4 in the first four bytes)
+ * are equal, in four word compares and no branch per word. */
+LBD_INLINE int lbd_addr_eq(const __u8 *a, const __u8 *b)
+{
+	const __u32 *x = (const __u32 *)a, *y = (const __u32 *)b;
+
+	return !((x[0] ^ y[0]) | (x[1] ^ y[1]) | (x[2] ^ y[2]) | (x[3] ^ y[3]));
+}
+
 _Static_assert(sizeof(struct lbd_ethhdr) == 14, "ethhdr");
 _Static_assert(sizeof(struct lbd_iphdr) == 20, "iphdr");
 _Static_assert(sizeof(struct lbd_ipv6hdr) == 40, "ipv6hdr");

@@ -174,4 +174,29 @@ struct lb_trace_meta {
 	__u32 pad;
 };
 
+/* A FIB result toward a backend's node, cached per CPU and per backend ID: a
+ * FIB lookup costs about as much as the rest of the fast path. The entry is
+ * used only for the node, ingress port and time it was resolved for; failures
+ * are never cached. Route or neighbour changes take effect within
+ * LB_FIB_CACHE_NS, or at once when the control plane bumps route_gen. */
+struct lb_route {
+	__u64 expires_ns; /* coarse monotonic clock; 0: empty */
+	__u8 node[16];
+	__u32 ingress;    /* ingress ifindex the lookup was made for */
+	__u32 ifindex;    /* egress */
+	__u32 mtu;        /* route MTU toward the node */
+	__u32 gen;        /* lb_config.route_gen it was resolved under */
+	__u8 smac[LBD_ETH_ALEN];
+	__u8 dmac[LBD_ETH_ALEN];
+	__u8 src[16];     /* outer source address */
+};
+
+/* The coarse clock as of a jiffy, per CPU: bpf_jiffies64 is inlined by the
+ * verifier, bpf_ktime_get_coarse_ns is a helper call, and both advance on
+ * the timer tick, so the clock is read once per tick and CPU. */
+struct lb_clock {
+	__u64 jiffies;
+	__u64 ns;
+};
+
 #endif

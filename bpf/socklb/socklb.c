@@ -24,7 +24,6 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define SK_ECONNREFUSED 111
 #define SK_SOCK_STREAM 1
 #define SK_SOCK_DGRAM 2
-#define NSEC_PER_SEC 1000000000ULL
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -170,7 +169,7 @@ LBD_INLINE __u32 sk_choose(struct bpf_sock_addr *ctx, const struct lb_service *s
 		aff = bpf_map_lookup_elem(&sk_affinity, &ak);
 		/* A timestamp ahead of this CPU's clock counts as fresh. */
 		if (aff && (now < aff->last_seen_ns ||
-			    now - aff->last_seen_ns <= (__u64)svc->affinity_timeout * NSEC_PER_SEC) &&
+			    now - aff->last_seen_ns <= (__u64)svc->affinity_timeout * LBD_NSEC_PER_SEC) &&
 		    lb_backend_get(aff->backend_id)) {
 			aff->last_seen_ns = now;
 			return aff->backend_id;
