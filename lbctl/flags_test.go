@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
 
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 )
@@ -15,15 +16,24 @@ import (
 // TestEnumLabels checks the flag values and table words derived from the API's enums,
 // and that every enum of the API follows the naming the derivation relies on.
 func TestEnumLabels(t *testing.T) {
-	enums := lbdv1.File_lbd_v1_lbd_proto.Enums()
-	for i := range enums.Len() {
-		ed := enums.Get(i)
-		prefix := enumPrefix(ed)
-		for j := range ed.Values().Len() {
-			if name := string(ed.Values().Get(j).Name()); !strings.HasPrefix(name, prefix) {
-				t.Errorf("%s value %s lacks the prefix %s", ed.Name(), name, prefix)
+	// The API's enums are spread over the files of its package; check them all.
+	files := 0
+	protoregistry.GlobalFiles.RangeFilesByPackage(lbdv1.File_lbd_v1_api_proto.Package(), func(fd protoreflect.FileDescriptor) bool {
+		files++
+		enums := fd.Enums()
+		for i := range enums.Len() {
+			ed := enums.Get(i)
+			prefix := enumPrefix(ed)
+			for j := range ed.Values().Len() {
+				if name := string(ed.Values().Get(j).Name()); !strings.HasPrefix(name, prefix) {
+					t.Errorf("%s value %s lacks the prefix %s", ed.Name(), name, prefix)
+				}
 			}
 		}
+		return true
+	})
+	if files == 0 {
+		t.Fatal("no file of the API package is registered")
 	}
 	for _, tc := range []struct {
 		e    protoreflect.Enum

@@ -92,7 +92,7 @@ var File_lbd_state_v1_state_proto protoreflect.FileDescriptor
 
 const file_lbd_state_v1_state_proto_rawDesc = "" +
 	"\n" +
-	"\x18lbd/state/v1/state.proto\x12\flbd.state.v1\x1a\x10lbd/v1/lbd.proto\"\x85\x01\n" +
+	"\x18lbd/state/v1/state.proto\x12\flbd.state.v1\x1a\x10lbd/v1/bgp.proto\x1a\x14lbd/v1/service.proto\"\x85\x01\n" +
 	"\x05State\x12+\n" +
 	"\bservices\x18\x01 \x03(\v2\x0f.lbd.v1.ServiceR\bservices\x12,\n" +
 	"\tbgp_peers\x18\x02 \x03(\v2\x0f.lbd.v1.BgpPeerR\bbgpPeers\x12!\n" +

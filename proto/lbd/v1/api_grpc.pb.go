@@ -2,7 +2,10 @@
 // versions:
 // - protoc-gen-go-grpc v1.6.2
 // - protoc             (unknown)
-// source: lbd/v1/lbd.proto
+// source: lbd/v1/api.proto
+
+// The gRPC services of lbd.v1 and their request and response messages. The resources they
+// carry are in service.proto, bgp.proto, node.proto and datapath.proto.
 
 // Package lbd.v1 is the control API of lbd, a layer-4 load balancer: services (VIP, port,
 // protocol) and their backends, BGP peers, and the node itself.
@@ -742,7 +745,7 @@ var LoadBalancerService_ServiceDesc = grpc.ServiceDesc{
 			ServerStreams: true,
 		},
 	},
-	Metadata: "lbd/v1/lbd.proto",
+	Metadata: "lbd/v1/api.proto",
 }
 
 const (
@@ -1050,7 +1053,7 @@ var BgpService_ServiceDesc = grpc.ServiceDesc{
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
-	Metadata: "lbd/v1/lbd.proto",
+	Metadata: "lbd/v1/api.proto",
 }
 
 const (
@@ -1278,5 +1281,5 @@ var NodeService_ServiceDesc = grpc.ServiceDesc{
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
-	Metadata: "lbd/v1/lbd.proto",
+	Metadata: "lbd/v1/api.proto",
 }
