@@ -141,7 +141,7 @@ func (h *harness) measure(b *testing.B, prog *ebpf.Program, c benchCase) (gross,
 			ns  float64
 			err error
 		)
-		inNS(b, h.tp.ns, func() { v, out, ns, err = testRun(run, c.frame, h.tp.ifA) })
+		h.tp.ns.Do(b, func() { v, out, ns, err = testRun(run, c.frame, h.tp.ifA) })
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -263,7 +263,7 @@ func BenchmarkDatapath(b *testing.B) {
 		for range b.N {
 			for range benchRuns {
 				var g, bs float64
-				inNS(b, h.tp.ns, func() {
+				h.tp.ns.Do(b, func() {
 					var err error
 					if _, _, bs, err = testRun(h.objs.BenchPass, other, h.tp.ifA); err != nil {
 						b.Fatal(err)

@@ -94,7 +94,7 @@ func TestTwoInstancesAgree(t *testing.T) {
 	}
 	var differ, otherSeed int
 	perBackend := map[string]int{}
-	inNS(t, tp.ns, func() {
+	tp.ns.Do(t, func() {
 		for _, f := range frames {
 			x, y, z := choose(a, f), choose(b, f), choose(c, f)
 			if x != y {

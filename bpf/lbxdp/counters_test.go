@@ -53,7 +53,7 @@ func TestTrace(t *testing.T) {
 	var v Verdict
 	var out []byte
 	var err error
-	inNS(t, e.ns, func() { v, out, err = e.d.Trace(frame, e.ifA) })
+	e.ns.Do(t, func() { v, out, err = e.d.Trace(frame, e.ifA) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +73,7 @@ func TestTrace(t *testing.T) {
 	}
 	// Trace of a malformed frame does not count a drop either.
 	before := e.drops(t)[DropMalformed]
-	inNS(t, e.ns, func() { v, _, err = e.d.Trace(frame[:20], e.ifA) })
+	e.ns.Do(t, func() { v, _, err = e.d.Trace(frame[:20], e.ifA) })
 	if err != nil || v != XDPDrop {
 		t.Fatalf("trace of a cut frame: %v %v", v, err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
+	"github.com/lbd-dev/lbd/internal/testnet"
 )
 
 // filterBits reads lb_vip_filter and returns the buckets whose bit is set.
@@ -281,7 +282,7 @@ func TestConntrackHash(t *testing.T) {
 // TestIndexesRebuilt: maps adopted without the filter and service index (as
 // pinned by a version that had neither) get them at Load.
 func TestIndexesRebuilt(t *testing.T) {
-	dir := bpffs(t)
+	dir := testnet.BPFFS(t)
 	tp := newTopo(t)
 	opts := Options{PinPath: dir, ConntrackSize: 4096, MaxServices: 64, MaxBackends: 64}
 	d1, err := Load(opts)

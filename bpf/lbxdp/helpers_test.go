@@ -3,22 +3,16 @@
 package lbxdp
 
 import (
-	"crypto/rand"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"net"
 	"net/netip"
-	"os"
-	"os/exec"
-	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
-	"github.com/lbd-dev/lbd/internal/nsdo"
-	"github.com/vishvananda/netns"
+	"github.com/lbd-dev/lbd/internal/testnet"
 )
 
 // Addresses of the test topology (one network namespace per test):
@@ -46,37 +40,10 @@ var (
 	client6 = netip.MustParseAddr("2001:db8:200::7")
 )
 
-// requireRoot skips tests that need privileges or tools this machine lacks.
-func requireRoot(tb testing.TB) {
-	tb.Helper()
-	if os.Geteuid() != 0 {
-		tb.Skip("needs root: BPF_PROG_TEST_RUN and network namespaces")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		tb.Skip("needs root: iproute2 'ip' not found")
-	}
-}
-
-func randSuffix(tb testing.TB) string {
-	var b [3]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		tb.Fatal(err)
-	}
-	return hex.EncodeToString(b[:])
-}
-
-func sh(tb testing.TB, args ...string) {
-	tb.Helper()
-	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
-	if err != nil {
-		tb.Fatalf("%s: %v: %s", strings.Join(args, " "), err, out)
-	}
-}
-
 // topo is a network namespace in which the FIB lookups of test runs resolve.
 type topo struct {
-	name string
-	ns   netns.NsHandle
+	ns   *testnet.NS
+	devA string // lbA's name
 	ifA  int
 	ifC  int
 	macA net.HardwareAddr
@@ -85,68 +52,30 @@ type topo struct {
 
 func newTopo(tb testing.TB) *topo {
 	tb.Helper()
-	requireRoot(tb)
-	sfx := randSuffix(tb)
-	name := "lbx-" + sfx
+	sfx := testnet.Suffix(tb)
+	ns := testnet.NewNS(tb, "lbx-"+sfx)
 	a, b, c, d := "lxa"+sfx, "lxb"+sfx, "lxc"+sfx, "lxd"+sfx
-	sh(tb, "ip", "netns", "add", name)
-	tb.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
-	ipn := func(args ...string) { sh(tb, append([]string{"ip", "-n", name}, args...)...) }
-	ipn("link", "add", a, "type", "veth", "peer", "name", b)
-	ipn("link", "add", c, "type", "veth", "peer", "name", d)
-	for _, l := range []string{a, b, c, d, "lo"} {
-		ipn("link", "set", l, "up")
-	}
-	ipn("addr", "add", "198.18.0.1/24", "dev", a)
-	ipn("addr", "add", "2001:db8::1/64", "dev", a, "nodad")
-	ipn("addr", "add", "198.18.1.1/24", "dev", c)
-	ipn("addr", "add", "2001:db8:1::1/64", "dev", c, "nodad")
-	ipn("neigh", "add", "198.18.0.2", "lladdr", nhMAC.String(), "dev", a, "nud", "permanent")
-	ipn("neigh", "add", "2001:db8::2", "lladdr", nhMAC.String(), "dev", a, "nud", "permanent")
-	ipn("neigh", "add", "198.18.1.2", "lladdr", nh2MAC.String(), "dev", c, "nud", "permanent")
-	ipn("neigh", "add", "2001:db8:1::2", "lladdr", nh2MAC.String(), "dev", c, "nud", "permanent")
-	ipn("route", "add", "198.18.10.0/24", "via", "198.18.0.2", "dev", a)
-	ipn("route", "add", "2001:db8:10::/64", "via", "2001:db8::2", "dev", a)
-	ipn("route", "add", "198.18.11.0/24", "via", "198.18.1.2", "dev", c)
-	ipn("route", "add", "2001:db8:11::/64", "via", "2001:db8:1::2", "dev", c)
-	ipn("route", "add", "198.18.12.0/24", "via", "198.18.0.2", "dev", a, "mtu", "lock", "1400")
-	ipn("route", "add", "2001:db8:12::/64", "via", "2001:db8::2", "dev", a, "mtu", "lock", "1400")
-	ipn("route", "add", "198.18.13.0/24", "via", "198.18.0.3", "dev", a)
-	ipn("route", "add", "unreachable", "198.18.14.0/24")
-
-	ns, err := netns.GetFromName(name)
-	if err != nil {
-		tb.Fatalf("open netns %s: %v", name, err)
-	}
-	tb.Cleanup(func() { ns.Close() })
-	t := &topo{name: name, ns: ns}
-	inNS(tb, ns, func() {
-		// bpf_fib_lookup refuses to forward from a device without forwarding.
-		// /proc/sys/net belongs to the namespace of the thread that opens it.
-		for _, f := range []string{"/proc/sys/net/ipv4/conf/all/forwarding", "/proc/sys/net/ipv6/conf/all/forwarding"} {
-			if err := os.WriteFile(f, []byte("1"), 0o644); err != nil {
-				tb.Fatalf("enable forwarding: %v", err)
-			}
-		}
-		la, err := net.InterfaceByName(a)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		lc, err := net.InterfaceByName(c)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		t.ifA, t.macA, t.ifC, t.macC = la.Index, la.HardwareAddr, lc.Index, lc.HardwareAddr
-	})
-	return t
-}
-
-// inNS runs fn on a thread switched into ns.
-func inNS(tb testing.TB, ns netns.NsHandle, fn func()) {
-	tb.Helper()
-	if err := nsdo.Run(ns, fn); err != nil {
-		tb.Fatal(err)
-	}
+	testnet.Veth(tb, testnet.VethEnd{NS: ns, Name: a}, testnet.VethEnd{NS: ns, Name: b})
+	testnet.Veth(tb, testnet.VethEnd{NS: ns, Name: c}, testnet.VethEnd{NS: ns, Name: d})
+	ns.AddAddr(tb, a, netip.MustParsePrefix("198.18.0.1/24"), netip.MustParsePrefix("2001:db8::1/64"))
+	ns.AddAddr(tb, c, netip.MustParsePrefix("198.18.1.1/24"), netip.MustParsePrefix("2001:db8:1::1/64"))
+	ns.IP(tb,
+		"neigh add 198.18.0.2 lladdr "+nhMAC.String()+" dev "+a+" nud permanent",
+		"neigh add 2001:db8::2 lladdr "+nhMAC.String()+" dev "+a+" nud permanent",
+		"neigh add 198.18.1.2 lladdr "+nh2MAC.String()+" dev "+c+" nud permanent",
+		"neigh add 2001:db8:1::2 lladdr "+nh2MAC.String()+" dev "+c+" nud permanent",
+		"route add 198.18.10.0/24 via 198.18.0.2 dev "+a,
+		"route add 2001:db8:10::/64 via 2001:db8::2 dev "+a,
+		"route add 198.18.11.0/24 via 198.18.1.2 dev "+c,
+		"route add 2001:db8:11::/64 via 2001:db8:1::2 dev "+c,
+		"route add 198.18.12.0/24 via 198.18.0.2 dev "+a+" mtu lock 1400",
+		"route add 2001:db8:12::/64 via 2001:db8::2 dev "+a+" mtu lock 1400",
+		"route add 198.18.13.0/24 via 198.18.0.3 dev "+a,
+		"route add unreachable 198.18.14.0/24")
+	// bpf_fib_lookup refuses to forward from a device without forwarding.
+	ns.Sysctl(tb, "net.ipv4.conf.all.forwarding=1", "net.ipv6.conf.all.forwarding=1")
+	la, lc := ns.Interface(tb, a), ns.Interface(tb, c)
+	return &topo{ns: ns, devA: a, ifA: la.Index, macA: la.HardwareAddr, ifC: lc.Index, macC: lc.HardwareAddr}
 }
 
 // env is a loaded datapath inside a topology, with a default configuration.
@@ -197,7 +126,7 @@ func runProg(tb testing.TB, t *topo, prog *ebpf.Program, frame []byte) (Verdict,
 		DataOut: out,
 		Context: XDPMD{DataEnd: uint32(len(frame)), IngressIfindex: uint32(t.ifA)},
 	}
-	inNS(tb, t.ns, func() {
+	t.ns.Do(tb, func() {
 		var err error
 		ret, err = prog.Run(&opts)
 		if err != nil {

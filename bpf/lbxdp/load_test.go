@@ -6,26 +6,13 @@ import (
 	"net/netip"
 	"testing"
 
-	"golang.org/x/sys/unix"
+	"github.com/lbd-dev/lbd/internal/testnet"
 )
-
-// bpffs mounts a private bpffs for pins (the machine may have none mounted,
-// and `ip netns exec` hides /sys/fs/bpf anyway).
-func bpffs(t *testing.T) string {
-	t.Helper()
-	requireRoot(t)
-	dir := t.TempDir()
-	if err := unix.Mount("bpf", dir, "bpf", 0, ""); err != nil {
-		t.Skipf("needs root: mount bpffs: %v", err)
-	}
-	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
-	return dir
-}
 
 // TestPinnedAdoption: a second Load with the same pin directory adopts the
 // maps, state included, as a restarted daemon would.
 func TestPinnedAdoption(t *testing.T) {
-	dir := bpffs(t)
+	dir := testnet.BPFFS(t)
 	opts := Options{PinPath: dir, ConntrackSize: 4096, MaxServices: 64, MaxBackends: 64}
 	d1, err := Load(opts)
 	if err != nil {
@@ -79,7 +66,6 @@ func TestPinnedAdoption(t *testing.T) {
 
 // TestLargeConntrack: the default conntrack holds 1M flows and accepts them.
 func TestLargeConntrack(t *testing.T) {
-	requireRoot(t)
 	tp := newTopo(t)
 	d := loadDatapath(t, Options{MaxServices: 16, MaxBackends: 16})
 	if n := d.objs.LbConntrack.MaxEntries(); n != 1<<20 {
@@ -97,7 +83,7 @@ func TestLargeConntrack(t *testing.T) {
 // TestAttach attaches the program in native mode to a veth.
 func TestAttach(t *testing.T) {
 	e := newEnv(t)
-	inNS(t, e.ns, func() {
+	e.ns.Do(t, func() {
 		l, err := e.d.Attach(e.ifA)
 		if err != nil {
 			t.Fatal(err)

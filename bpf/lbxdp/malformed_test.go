@@ -173,7 +173,7 @@ func TestRouteCache(t *testing.T) {
 	}
 
 	newMAC := "02:00:00:00:00:22"
-	sh(t, "ip", "-n", e.name, "neigh", "replace", "198.18.0.2", "lladdr", newMAC, "dev", "lxa"+e.name[4:], "nud", "permanent")
+	e.ns.IP(t, "neigh replace 198.18.0.2 lladdr "+newMAC+" dev "+e.devA+" nud permanent")
 	if err := e.d.FlushRouteCache(); err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +185,7 @@ func TestRouteCache(t *testing.T) {
 		t.Errorf("after a neighbour change and a flush: next hop %v, want %s", d.outerEth.DstMAC, newMAC)
 	}
 
-	sh(t, "ip", "-n", e.name, "route", "del", "198.18.10.0/24")
+	e.ns.IP(t, "route del 198.18.10.0/24")
 	if err := e.d.FlushRouteCache(); err != nil {
 		t.Fatal(err)
 	}
