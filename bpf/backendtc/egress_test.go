@@ -11,6 +11,7 @@ import (
 
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
+	"github.com/lbd-dev/lbd/internal/testnet"
 )
 
 // icmpError builds an ICMP or ICMPv6 error frame from src to dst quoting a packet;
@@ -160,7 +161,7 @@ func egressCases() []egressCase {
 }
 
 func TestEgress(t *testing.T) {
-	requireRoot(t)
+	testnet.Require(t)
 	for _, tc := range egressCases() {
 		t.Run(tc.name, func(t *testing.T) {
 			d := newDatapath(t)

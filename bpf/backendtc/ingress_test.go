@@ -11,6 +11,7 @@ import (
 
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
+	"github.com/lbd-dev/lbd/internal/testnet"
 )
 
 var (
@@ -200,7 +201,7 @@ func truncateIPv4(ip []byte, n int) []byte {
 }
 
 func TestIngress(t *testing.T) {
-	requireRoot(t)
+	testnet.Require(t)
 	for _, tc := range ingressCases(t) {
 		t.Run(tc.name, func(t *testing.T) {
 			d := newDatapath(t)

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/lbd-dev/lbd/internal/testnet"
 )
 
 func TestCounterNames(t *testing.T) {
@@ -87,13 +87,8 @@ func sortPrefixes(ps []netip.Prefix) {
 // TestPinnedMapsAdopted loads twice on one bpffs directory, as a restarted daemon
 // would: the second load sees the first one's NAT entries, allow list and config.
 func TestPinnedMapsAdopted(t *testing.T) {
-	requireRoot(t)
 	// A private bpffs, so the test needs no system mount and leaves nothing behind.
-	dir := t.TempDir()
-	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
-		t.Skipf("needs to mount a bpffs: %v", err)
-	}
-	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	dir := testnet.BPFFS(t)
 
 	first, err := Load(Options{PinDir: dir, NATMaxEntries: 1024, Config: &Config{VNI: 9}})
 	if err != nil {

@@ -3,54 +3,26 @@
 package backendtc
 
 import (
-	"crypto/rand"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf/link"
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
-	"github.com/lbd-dev/lbd/internal/nsdo"
+	"github.com/lbd-dev/lbd/internal/testnet"
 	"golang.org/x/sys/unix"
 )
-
-// requireTools skips when a command the namespace tests drive is missing.
-func requireTools(t *testing.T, tools ...string) {
-	t.Helper()
-	requireRoot(t)
-	for _, tool := range tools {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("needs %s: %v", tool, err)
-		}
-	}
-}
-
-func sh(t *testing.T, args ...string) {
-	t.Helper()
-	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-		t.Fatalf("%s: %v: %s", strings.Join(args, " "), err, out)
-	}
-}
-
-// inNS runs fn on a thread switched into the named network namespace. A thread that
-// cannot be switched back is left locked, so the runtime discards it.
-func inNS(name string, fn func() error) error {
-	return nsdo.RunNamed(name, fn)
-}
 
 // topo is an LB-side namespace (where the test injects Geneve and captures replies)
 // and a backend namespace running the TC programs, joined by a veth pair.
 type topo struct {
-	lbNS, beNS     string
+	lbNS, beNS     *testnet.NS
 	lbIf, beIf     string
 	lbMAC, beMAC   net.HardwareAddr
 	lbIdx, beIdx   int
@@ -60,95 +32,33 @@ type topo struct {
 
 func newTopo(t *testing.T, v6, txOff bool) *topo {
 	t.Helper()
-	var rnd [3]byte
-	if _, err := rand.Read(rnd[:]); err != nil {
-		t.Fatal(err)
-	}
-	sfx := hex.EncodeToString(rnd[:])
-	tp := &topo{lbNS: "betc-lb-" + sfx, beNS: "betc-be-" + sfx, lbIf: "btl" + sfx, beIf: "btb" + sfx}
-	prefix, route := "/24", "198.19.200.0/24"
+	sfx := testnet.Suffix(t)
+	tp := &topo{lbNS: testnet.NewNS(t, "betc-lb-"+sfx), beNS: testnet.NewNS(t, "betc-be-"+sfx), lbIf: "btl" + sfx, beIf: "btb" + sfx}
+	bits, route := 24, "198.19.200.0/24"
 	tp.lbAddr, tp.beAddr = netip.MustParseAddr("198.18.200.1"), netip.MustParseAddr("198.18.200.2")
 	tp.client = netip.MustParseAddr("198.19.200.7")
 	if v6 {
-		prefix, route = "/64", "2001:db8:c8::/64"
+		bits, route = 64, "2001:db8:c8::/64"
 		tp.lbAddr, tp.beAddr = netip.MustParseAddr("2001:db8:c7::1"), netip.MustParseAddr("2001:db8:c7::2")
 		tp.client = netip.MustParseAddr("2001:db8:c8::7")
 	}
 
-	for _, ns := range []string{tp.lbNS, tp.beNS} {
-		sh(t, "ip", "netns", "add", ns)
-		t.Cleanup(func() { exec.Command("ip", "netns", "delete", ns).Run() })
-	}
-	sh(t, "ip", "link", "add", tp.lbIf, "netns", tp.lbNS, "type", "veth", "peer", "name", tp.beIf,
-		"netns", tp.beNS)
-	for _, side := range []struct {
-		ns, ifc string
-		addr    netip.Addr
-	}{{tp.lbNS, tp.lbIf, tp.lbAddr}, {tp.beNS, tp.beIf, tp.beAddr}} {
-		args := []string{"ip", "-n", side.ns, "addr", "add", side.addr.String() + prefix, "dev", side.ifc}
-		if v6 {
-			args = append(args, "nodad")
-		}
-		sh(t, args...)
-		sh(t, "ip", "-n", side.ns, "link", "set", side.ifc, "up")
-		sh(t, "ip", "-n", side.ns, "link", "set", "lo", "up")
-	}
-	sh(t, "ip", "-n", tp.beNS, "route", "add", route, "via", tp.lbAddr.String())
+	testnet.Veth(t, testnet.VethEnd{NS: tp.lbNS, Name: tp.lbIf}, testnet.VethEnd{NS: tp.beNS, Name: tp.beIf})
+	tp.lbNS.AddAddr(t, tp.lbIf, netip.PrefixFrom(tp.lbAddr, bits))
+	tp.beNS.AddAddr(t, tp.beIf, netip.PrefixFrom(tp.beAddr, bits))
+	tp.beNS.IP(t, "route add "+route+" via "+tp.lbAddr.String())
 	// Off: the backend's stack writes full checksums, so the capture can verify
 	// them. On: replies stay CHECKSUM_PARTIAL and the capture checks the seed.
 	tx := "on"
 	if txOff {
 		tx = "off"
 	}
-	sh(t, "ip", "netns", "exec", tp.beNS, "ethtool", "-K", tp.beIf, "tx", tx)
+	tp.beNS.Exec(t, "ethtool", "-K", tp.beIf, "tx", tx)
 
-	for _, side := range []struct {
-		ns, ifc string
-		mac     *net.HardwareAddr
-		idx     *int
-	}{{tp.lbNS, tp.lbIf, &tp.lbMAC, &tp.lbIdx}, {tp.beNS, tp.beIf, &tp.beMAC, &tp.beIdx}} {
-		err := inNS(side.ns, func() error {
-			ifc, err := net.InterfaceByName(side.ifc)
-			if err != nil {
-				return err
-			}
-			*side.mac, *side.idx = ifc.HardwareAddr, ifc.Index
-			return nil
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	lb, be := tp.lbNS.Interface(t, tp.lbIf), tp.beNS.Interface(t, tp.beIf)
+	tp.lbMAC, tp.lbIdx, tp.beMAC, tp.beIdx = lb.HardwareAddr, lb.Index, be.HardwareAddr, be.Index
 	return tp
 }
-
-// rawSocket opens an AF_PACKET socket on the LB side's interface: it injects the
-// frames an LB node would send and sees every frame the backend node sends back.
-func (tp *topo) rawSocket(t *testing.T) int {
-	t.Helper()
-	fd := -1
-	err := inNS(tp.lbNS, func() error {
-		var err error
-		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_ALL)))
-		if err != nil {
-			return fmt.Errorf("open packet socket: %w", err)
-		}
-		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: tp.lbIdx})
-	})
-	if fd >= 0 {
-		t.Cleanup(func() { unix.Close(fd) })
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	tv := unix.NsecToTimeval(int64(200 * time.Millisecond))
-	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
-		t.Fatal(err)
-	}
-	return fd
-}
-
-func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
 // segment is a TCP segment as captured on the LB side.
 type segment struct {
@@ -218,7 +128,7 @@ func checkPartialSeed(ip []byte) error {
 // completes, and every reply captured on the LB side comes from VIP:port with valid
 // checksums.
 func TestNetnsTCPHandshake(t *testing.T) {
-	requireTools(t, "ip", "ethtool")
+	testnet.Require(t, "ip", "ethtool")
 	for _, tc := range []struct {
 		name      string
 		v6, txOff bool
@@ -242,7 +152,7 @@ func testHandshake(t *testing.T, v6, txOff bool, vip netip.AddrPort) {
 	if err := d.AddAllowedSource(netip.PrefixFrom(tp.lbAddr, bits)); err != nil {
 		t.Fatal(err)
 	}
-	err := inNS(tp.beNS, func() error {
+	err := tp.beNS.DoErr(func() error {
 		for _, attach := range []func(int) (link.Link, error){d.AttachIngress, d.AttachEgress} {
 			l, err := attach(tp.beIdx)
 			if err != nil {
@@ -258,7 +168,7 @@ func testHandshake(t *testing.T, v6, txOff bool, vip netip.AddrPort) {
 
 	backend := netip.AddrPortFrom(tp.beAddr, 8080)
 	var ln net.Listener
-	if err := inNS(tp.beNS, func() error {
+	if err := tp.beNS.DoErr(func() error {
 		var err error
 		ln, err = net.Listen("tcp", backend.String())
 		return err
@@ -284,7 +194,9 @@ func testHandshake(t *testing.T, v6, txOff bool, vip netip.AddrPort) {
 		c.Write(append([]byte("pong:"), buf[:n]...))
 	}()
 
-	fd := tp.rawSocket(t)
+	// It injects the frames an LB node would send and sees every frame the backend
+	// node sends back.
+	fd := tp.lbNS.PacketSocket(t, tp.lbIf)
 	client := netip.AddrPortFrom(tp.client, 41000)
 	enc := encap{src: tp.lbAddr, dst: tp.beAddr, vni: 2, opts: dsrOpt(vip),
 		srcMAC: tp.lbMAC, dstMAC: tp.beMAC}

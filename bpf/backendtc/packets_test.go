@@ -7,12 +7,12 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
+	"github.com/lbd-dev/lbd/internal/testnet"
 )
 
 // Addresses of the test world: LB nodes in 198.18.0.0/24 and 2001:db8:1::/64 are
@@ -46,19 +46,11 @@ const (
 	verdictDrop = 2          // TCX_DROP
 )
 
-// requireRoot skips tests that load BPF programs or build namespaces.
-func requireRoot(tb testing.TB) {
-	tb.Helper()
-	if os.Geteuid() != 0 {
-		tb.Skip("needs root: loads BPF programs")
-	}
-}
-
 // newDatapath loads a private datapath (no pinning) with the test's LB prefixes
 // allowed.
 func newDatapath(tb testing.TB) *Datapath {
 	tb.Helper()
-	requireRoot(tb)
+	testnet.Require(tb)
 	d, err := Load(Options{NATMaxEntries: 1024})
 	if err != nil {
 		tb.Fatalf("load: %v", err)
