@@ -5,8 +5,6 @@ package socklb
 import (
 	"bufio"
 	"bytes"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -29,9 +27,7 @@ import (
 	"github.com/gopacket/gopacket/layers"
 	"github.com/lbd-dev/lbd/bpf/lbxdp"
 	"github.com/lbd-dev/lbd/daemon/maglev"
-	"github.com/lbd-dev/lbd/internal/nsdo"
-	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
+	"github.com/lbd-dev/lbd/internal/testnet"
 )
 
 func TestMain(m *testing.M) {
@@ -51,36 +47,6 @@ const (
 
 // tableSize is the Maglev table size of the tests' services.
 const tableSize = 1021
-
-// requireRoot skips tests that need privileges or tools this machine lacks.
-func requireRoot(tb testing.TB) {
-	tb.Helper()
-	if os.Geteuid() != 0 {
-		tb.Skip("needs root: BPF cgroup programs, cgroups and network namespaces")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		tb.Skip("needs root: iproute2 'ip' not found")
-	}
-	if _, err := cgroup2Root(); err != nil {
-		tb.Skipf("needs root: %v", err)
-	}
-}
-
-func suffix(tb testing.TB) string {
-	var b [3]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		tb.Fatal(err)
-	}
-	return hex.EncodeToString(b[:])
-}
-
-func sh(tb testing.TB, args ...string) {
-	tb.Helper()
-	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
-	if err != nil {
-		tb.Fatalf("%s: %v: %s", strings.Join(args, " "), err, out)
-	}
-}
 
 // cgroup2Root returns where the cgroup v2 hierarchy is mounted (/sys/fs/cgroup, or
 // /sys/fs/cgroup/unified on hybrid systems).
@@ -112,7 +78,7 @@ func newCgroup(tb testing.TB, parent, name string) string {
 		}
 		parent = root
 	}
-	dir := filepath.Join(parent, "lbd-socklb-"+name+"-"+suffix(tb))
+	dir := filepath.Join(parent, "lbd-socklb-"+name+"-"+testnet.Suffix(tb))
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		tb.Fatalf("create cgroup: %v", err)
 	}
@@ -151,14 +117,6 @@ func newCgroup(tb testing.TB, parent, name string) string {
 	return dir
 }
 
-// inNS runs fn on a thread switched into ns.
-func inNS(tb testing.TB, ns netns.NsHandle, fn func()) {
-	tb.Helper()
-	if err := nsdo.Run(ns, fn); err != nil {
-		tb.Fatal(err)
-	}
-}
-
 // backendNode is a network namespace with servers that answer with its name.
 type backendNode struct {
 	name         string
@@ -176,8 +134,7 @@ type backendNode struct {
 // service state, and the socket programs are attached to a cgroup of the test's own.
 type env struct {
 	t        testing.TB
-	client   string
-	clientNS netns.NsHandle
+	client   *testnet.NS
 	backends []*backendNode
 	lb       *lbxdp.Datapath
 	sock     *Datapath
@@ -190,56 +147,32 @@ type env struct {
 
 func newEnv(tb testing.TB, nBackends int) *env {
 	tb.Helper()
-	requireRoot(tb)
-	sfx := suffix(tb)
-	e := &env{t: tb, client: "slc-" + sfx, byAddr: map[netip.Addr]string{}, keys: map[uint32]string{}}
-	sh(tb, "ip", "netns", "add", e.client)
-	tb.Cleanup(func() { _ = exec.Command("ip", "netns", "del", e.client).Run() })
-	ipc := func(args ...string) { sh(tb, append([]string{"ip", "-n", e.client}, args...)...) }
-	ipc("link", "set", "lo", "up")
+	sfx := testnet.Suffix(tb)
+	e := &env{t: tb, client: testnet.NewNS(tb, "slc-"+sfx), byAddr: map[netip.Addr]string{}, keys: map[uint32]string{}}
 	for i := 1; i <= nBackends; i++ {
 		b := &backendNode{
 			name:  fmt.Sprintf("be%d", i),
 			addr4: netip.MustParseAddr(fmt.Sprintf("198.18.%d.2", i)),
 			addr6: netip.MustParseAddr(fmt.Sprintf("2001:db8:%d::2", i)),
 		}
-		ns := fmt.Sprintf("slb%d-%s", i, sfx)
-		sh(tb, "ip", "netns", "add", ns)
-		tb.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+		ns := testnet.NewNS(tb, fmt.Sprintf("slb%d-%s", i, sfx))
 		ci, bi := fmt.Sprintf("sc%d%s", i, sfx), fmt.Sprintf("sb%d%s", i, sfx)
-		ipc("link", "add", ci, "type", "veth", "peer", "name", bi, "netns", ns)
-		ipc("addr", "add", fmt.Sprintf("198.18.%d.1/24", i), "dev", ci)
-		ipc("addr", "add", fmt.Sprintf("2001:db8:%d::1/64", i), "dev", ci, "nodad")
-		ipc("link", "set", ci, "up")
-		ipb := func(args ...string) { sh(tb, append([]string{"ip", "-n", ns}, args...)...) }
-		ipb("link", "set", "lo", "up")
-		ipb("addr", "add", b.addr4.String()+"/24", "dev", bi)
-		ipb("addr", "add", b.addr6.String()+"/64", "dev", bi, "nodad")
-		ipb("link", "set", bi, "up")
+		testnet.Veth(tb, testnet.VethEnd{NS: e.client, Name: ci}, testnet.VethEnd{NS: ns, Name: bi})
+		e.client.AddAddr(tb, ci, netip.MustParsePrefix(fmt.Sprintf("198.18.%d.1/24", i)),
+			netip.MustParsePrefix(fmt.Sprintf("2001:db8:%d::1/64", i)))
+		ns.AddAddr(tb, bi, netip.PrefixFrom(b.addr4, 24), netip.PrefixFrom(b.addr6, 64))
 		// Replies find the client whatever source address its socket kept (a UDP
 		// socket keeps the one of its first connect()).
-		ipb("route", "add", "default", "via", fmt.Sprintf("198.18.%d.1", i))
-		ipb("route", "add", "default", "via", fmt.Sprintf("2001:db8:%d::1", i))
-		waitLinkUp(tb, e.client, ci)
-		waitLinkUp(tb, ns, bi)
-		h, err := netns.GetFromName(ns)
-		if err != nil {
-			tb.Fatalf("open netns %s: %v", ns, err)
-		}
-		tb.Cleanup(func() { h.Close() })
-		serveBackend(tb, h, b.name)
+		ns.IP(tb, fmt.Sprintf("route add default via 198.18.%d.1", i), fmt.Sprintf("route add default via 2001:db8:%d::1", i))
+		e.client.WaitUp(tb, ci)
+		ns.WaitUp(tb, bi)
+		serveBackend(tb, ns, b.name)
 		e.backends = append(e.backends, b)
 		e.byAddr[b.addr4], e.byAddr[b.addr6] = b.name, b.name
 	}
-	ipc("route", "add", "203.0.113.0/24", "via", "198.18.1.2")
-	ipc("route", "add", "2001:db8:ffff::/64", "via", "2001:db8:1::2")
-	h, err := netns.GetFromName(e.client)
-	if err != nil {
-		tb.Fatalf("open netns %s: %v", e.client, err)
-	}
-	tb.Cleanup(func() { h.Close() })
-	e.clientNS = h
+	e.client.IP(tb, "route add 203.0.113.0/24 via 198.18.1.2", "route add 2001:db8:ffff::/64 via 2001:db8:1::2")
 
+	var err error
 	e.lb, err = lbxdp.Load(lbxdp.Options{MaxServices: 64, MaxBackends: 64, ConntrackSize: 1024, AffinitySize: 1024, SourceRangeSize: 64})
 	if err != nil {
 		fatalLoad(tb, err)
@@ -263,27 +196,6 @@ func newEnv(tb testing.TB, nBackends int) *env {
 	return e
 }
 
-// waitLinkUp waits until a new veth end transmits: until the kernel's link watcher
-// has seen its carrier, it keeps the noop qdisc, which drops every packet (a lost
-// first SYN costs a one-second retransmission, a lost datagram the test).
-func waitLinkUp(tb testing.TB, ns, dev string) {
-	tb.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		out, err := exec.Command("ip", "-n", ns, "-o", "link", "show", "dev", dev).CombinedOutput()
-		if err != nil {
-			tb.Fatalf("ip link show %s: %v: %s", dev, err, out)
-		}
-		if strings.Contains(string(out), "state UP") && !strings.Contains(string(out), "qdisc noop") {
-			return
-		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("link %s in %s not up after 5 s: %s", dev, ns, out)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func fatalLoad(tb testing.TB, err error) {
 	tb.Helper()
 	var ve *ebpf.VerifierError
@@ -295,14 +207,14 @@ func fatalLoad(tb testing.TB, err error) {
 
 // serveBackend starts, in namespace ns, the servers of a backend called name. They
 // stop at cleanup. The listening sockets belong to ns; their goroutines run anywhere.
-func serveBackend(tb testing.TB, ns netns.NsHandle, name string) {
+func serveBackend(tb testing.TB, ns *testnet.NS, name string) {
 	tb.Helper()
 	var (
 		web, line net.Listener
 		udp       net.PacketConn
 		err       error
 	)
-	inNS(tb, ns, func() {
+	ns.Do(tb, func() {
 		if web, err = net.Listen("tcp", fmt.Sprintf(":%d", portHTTP)); err != nil {
 			return
 		}
@@ -498,20 +410,13 @@ func (e *env) startAgent(dir string) *agent {
 	return a
 }
 
-// command prepares a command run in the client namespace (`ip netns exec` replaces
-// itself with it) and, when dir is set, born in the cgroup at dir (CLONE_INTO_CGROUP).
+// command prepares a command run in the client namespace and, when dir is set, born
+// in the cgroup at dir.
 func (e *env) command(dir string, args ...string) *exec.Cmd {
 	e.t.Helper()
-	cmd := exec.Command("ip", append([]string{"netns", "exec", e.client}, args...)...)
+	cmd := e.client.Command(args...)
 	if dir != "" {
-		f, err := os.Open(dir)
-		if err != nil {
-			e.t.Fatalf("open cgroup: %v", err)
-		}
-		// The child gets its own copy at fork; this one is only needed until then,
-		// but exec.Cmd may start later, so it lives until the test ends.
-		e.t.Cleanup(func() { f.Close() })
-		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(f.Fd())}
+		testnet.InCgroup(e.t, cmd, dir)
 	}
 	return cmd
 }
@@ -562,14 +467,8 @@ func (a *agent) lineOnce(addr string) agentResult {
 }
 
 // capture records, in the client namespace, the TCP SYNs and UDP datagrams the
-// client sends (an AF_PACKET socket on every interface).
-type capture struct {
-	fd   int
-	stop chan struct{}
-	done chan struct{}
-	mu   sync.Mutex
-	pkts []captured
-}
+// client sends (on every interface).
+type capture struct{ *testnet.Capture }
 
 // captured is one packet leaving the client namespace.
 type captured struct {
@@ -579,51 +478,17 @@ type captured struct {
 
 func (e *env) startCapture() *capture {
 	e.t.Helper()
-	c := &capture{stop: make(chan struct{}), done: make(chan struct{})}
-	var err error
-	inNS(e.t, e.clientNS, func() {
-		c.fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ALL)))
-	})
-	if err != nil {
-		e.t.Fatalf("capture socket: %v", err)
-	}
-	tv := unix.NsecToTimeval((50 * time.Millisecond).Nanoseconds())
-	if err := unix.SetsockoptTimeval(c.fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
-		unix.Close(c.fd)
-		e.t.Fatalf("capture socket: %v", err)
-	}
-	go c.run()
-	e.t.Cleanup(c.close)
-	return c
+	return &capture{e.client.Capture(e.t, "")}
 }
 
-func (c *capture) run() {
-	defer close(c.done)
-	buf := make([]byte, 65536)
-	for {
-		select {
-		case <-c.stop:
-			return
-		default:
-		}
-		n, from, err := unix.Recvfrom(c.fd, buf, 0)
-		if err != nil {
+// packets stops the capture and returns what it saw.
+func (c *capture) packets() []captured {
+	var pkts []captured
+	for _, f := range c.Stop() {
+		if !f.Outgoing {
 			continue
 		}
-		ll, ok := from.(*unix.SockaddrLinklayer)
-		if !ok || ll.Pkttype != unix.PACKET_OUTGOING {
-			continue
-		}
-		var first gopacket.Decoder
-		switch htons(ll.Protocol) {
-		case unix.ETH_P_IP:
-			first = layers.LayerTypeIPv4
-		case unix.ETH_P_IPV6:
-			first = layers.LayerTypeIPv6
-		default:
-			continue
-		}
-		p := gopacket.NewPacket(slices.Clone(buf[:n]), first, gopacket.NoCopy)
+		p := gopacket.NewPacket(f.Data, layers.LayerTypeEthernet, gopacket.NoCopy)
 		var dst netip.Addr
 		if l, ok := p.NetworkLayer().(*layers.IPv4); ok {
 			dst, _ = netip.AddrFromSlice(l.DstIP.To4())
@@ -642,32 +507,10 @@ func (c *capture) run() {
 		default:
 			continue
 		}
-		c.mu.Lock()
-		c.pkts = append(c.pkts, pk)
-		c.mu.Unlock()
+		pkts = append(pkts, pk)
 	}
+	return pkts
 }
-
-// packets stops the capture and returns what it saw.
-func (c *capture) packets() []captured {
-	c.close()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return slices.Clone(c.pkts)
-}
-
-func (c *capture) close() {
-	select {
-	case <-c.stop:
-		return
-	default:
-	}
-	close(c.stop)
-	<-c.done
-	unix.Close(c.fd)
-}
-
-func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
 // Addresses of the tests' services. No namespace owns them.
 var (

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
-	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/lbd-dev/lbd/bpf/lbxdp"
 	"github.com/lbd-dev/lbd/daemon/maglev"
+	"github.com/lbd-dev/lbd/internal/testnet"
 	"golang.org/x/sys/unix"
 )
 
@@ -24,10 +24,7 @@ var twoBackends = map[uint32]uint32{id4(1): 1, id4(2): 1}
 // first SYN it causes is addressed to a backend, never to the VIP; an application sees
 // VIP:80 as its peer.
 func TestTCPTranslatedBeforeFirstPacket(t *testing.T) {
-	requireRoot(t)
-	if _, err := exec.LookPath("curl"); err != nil {
-		t.Skip("needs root: curl not found")
-	}
+	testnet.Require(t, "curl")
 	e := newEnv(t, 2)
 	e.addBackends()
 	e.service(lbxdp.ServiceKey{VIP: vipA, Port: portHTTP, Proto: lbxdp.ProtoTCP}, lbxdp.Service{ID: 1}, twoBackends)
