@@ -200,7 +200,7 @@ func TestTwoNodesChooseTheSameBackend(t *testing.T) {
 			var resp *lbdv1.TraceFlowResponse
 			var err error
 			// The FIB lookup resolves in the caller's namespace, the node's in lbd.
-			nodes[j].in(t, func() { resp, err = m.TraceFlow(context.Background(), req) })
+			nodes[j].ns.Do(t, func() { resp, err = m.TraceFlow(context.Background(), req) })
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/lbd-dev/lbd/internal/testnet"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -25,7 +26,7 @@ func testCgroup(t *testing.T, name string) string {
 	if err != nil {
 		t.Skipf("needs a cgroup v2 hierarchy: %v", err)
 	}
-	dir := filepath.Join(root, "lbd-dp-"+name+"-"+suffix(t))
+	dir := filepath.Join(root, "lbd-dp-"+name+"-"+testnet.Suffix(t))
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -64,10 +65,7 @@ func cgroupPrograms(t *testing.T, dir string) []string {
 // its nine hooks to the configured cgroup; a restart adopts them (still nine); a new
 // cgroup moves them; turning it off detaches them; Detach removes everything.
 func TestSocketLBLifecycle(t *testing.T) {
-	requireRoot(t)
-	if _, err := exec.LookPath("bpftool"); err != nil {
-		t.Skip("needs bpftool")
-	}
+	testnet.Require(t, "bpftool")
 	n := newNode(t)
 	a, b := testCgroup(t, "a"), testCgroup(t, "b")
 	cfg := n.config(1024)
