@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/lbd-dev/lbd/daemon/bgp"
+	"github.com/lbd-dev/lbd/internal/bgptest"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
@@ -36,8 +37,8 @@ func TestAdvertiseLifecycle(t *testing.T) {
 	if want := "graceful restart disabled: a restart of lbd withdraws this node's routes"; p.Status.Reason != want {
 		t.Errorf("peer reason = %q, want %q", p.Status.Reason, want)
 	}
-	if p.Password != "" || p.PeerAs != routerAS || p.Port != uint32(r.port) || p.HoldTime.AsDuration() != 90*time.Second {
-		t.Errorf("peer = %v, want AS %d, port %d, hold 90s, no password", p, routerAS, r.port)
+	if p.Password != "" || p.PeerAs != bgptest.RouterAS || p.Port != uint32(r.Port) || p.HoldTime.AsDuration() != 90*time.Second {
+		t.Errorf("peer = %v, want AS %d, port %d, hold 90s, no password", p, bgptest.RouterAS, r.Port)
 	}
 
 	if _, err := st.CreateService(service("web", vip4.Addr().String(), "198.18.1.1")); err != nil {
@@ -58,7 +59,7 @@ func TestAdvertiseLifecycle(t *testing.T) {
 	waitStatus(t, st, "web", true, reasonUp)
 	waitStatus(t, st, "web6", true, reasonUp)
 
-	routes, err := c.Routes(testContext(t))
+	routes, err := c.Routes(bgptest.Context(t))
 	if err != nil {
 		t.Fatalf("Routes: %v", err)
 	}
@@ -69,7 +70,7 @@ func TestAdvertiseLifecycle(t *testing.T) {
 	if fmt.Sprint(routes) != fmt.Sprint(want) {
 		t.Errorf("Routes = %v\nwant %v", routes, want)
 	}
-	m, err := c.Metrics(testContext(t))
+	m, err := c.Metrics(bgptest.Context(t))
 	if err != nil {
 		t.Fatalf("Metrics: %v", err)
 	}
@@ -125,12 +126,12 @@ func TestAdvertiseLifecycle(t *testing.T) {
 
 	// Stop for good: everything withdrawn, statuses say so.
 	c.stop(t)
-	if err := c.Withdraw(testContext(t)); err != nil {
+	if err := c.Withdraw(bgptest.Context(t)); err != nil {
 		t.Fatalf("Withdraw: %v", err)
 	}
 	r.waitRIB()
 	waitStatus(t, st, "web", false, "withdrawn: lbd stopped advertising (datapath detached or lbd stopped for good)")
-	peers, err := c.Peers(testContext(t))
+	peers, err := c.Peers(bgptest.Context(t))
 	if err != nil || len(peers) != 1 || peers[0].Status.Reason != notRunning {
 		t.Errorf("Peers after Withdraw = %v, %v; want the static peer, %q", peers, err, notRunning)
 	}
@@ -171,7 +172,7 @@ func TestSharedVIP(t *testing.T) {
 	r.waitRIB(vip4)
 	waitStatus(t, st, "a", true, reasonUp)
 	waitStatus(t, st, "b", true, reasonUp+" for service a; this service alone would be withdrawn: no usable backend (advertise policy if-healthy)")
-	routes, err := c.Routes(testContext(t))
+	routes, err := c.Routes(bgptest.Context(t))
 	if err != nil || len(routes) != 1 || routes[0].ServiceName != "a" {
 		t.Errorf("Routes = %v, %v; want %s for service a", routes, err, vip4)
 	}
@@ -195,7 +196,7 @@ func TestPeerFromStore(t *testing.T) {
 	waitStatus(t, st, "web", false, "not advertised: no BGP peer is established yet (ipv4-unicast)")
 
 	_, err := st.CreateBgpPeer(&lbdv1.BgpPeer{
-		Address: "127.0.0.1", PeerAs: routerAS, Port: uint32(r.port), Password: "",
+		Address: "127.0.0.1", PeerAs: bgptest.RouterAS, Port: uint32(r.Port), Password: "",
 		GracefulRestart: true, GracefulRestartTime: durationpb.New(60 * time.Second),
 	})
 	if err != nil {
@@ -215,11 +216,11 @@ func TestPeerFromStore(t *testing.T) {
 	waitStatus(t, st, "web", true, reasonUp)
 
 	// An update resets the session with the new configuration.
-	_, err = st.UpdateBgpPeer(&lbdv1.BgpPeer{Address: "127.0.0.1", PeerAs: routerAS, Port: uint32(r.port), HoldTime: durationpb.New(30 * time.Second)})
+	_, err = st.UpdateBgpPeer(&lbdv1.BgpPeer{Address: "127.0.0.1", PeerAs: bgptest.RouterAS, Port: uint32(r.Port), HoldTime: durationpb.New(30 * time.Second)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "peer updated and established", func() error {
+	bgptest.Eventually(t, "peer updated and established", func() error {
 		p, err := c.peer(t, "127.0.0.1")
 		if err != nil {
 			return err
@@ -235,8 +236,8 @@ func TestPeerFromStore(t *testing.T) {
 	if err := st.DeleteBgpPeer("127.0.0.1"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "peer gone", func() error {
-		peers, err := c.Peers(testContext(t))
+	bgptest.Eventually(t, "peer gone", func() error {
+		peers, err := c.Peers(bgptest.Context(t))
 		if err != nil || len(peers) != 0 {
 			return fmt.Errorf("Peers = %v, %v", peers, err)
 		}
@@ -273,7 +274,7 @@ func TestShutdownKeepsGracefulRestartRoutes(t *testing.T) {
 	}
 	withGR.waitRIB(vip4)
 
-	if err := c.Withdraw(testContext(t)); err != nil {
+	if err := c.Withdraw(bgptest.Context(t)); err != nil {
 		t.Fatalf("Withdraw: %v", err)
 	}
 	withGR.waitRIB()
@@ -285,13 +286,13 @@ func TestShutdownKeepsGracefulRestartRoutes(t *testing.T) {
 func TestNoEstablishedPeer(t *testing.T) {
 	t.Parallel()
 	st := openStore(t)
-	port := freePort(t, "127.0.0.1") // nobody listens there
-	c := start(t, testConfig(Peer{Address: "127.0.0.1", AS: routerAS, Port: uint32(port), ConnectRetry: Duration(time.Second)}), st)
+	port := bgptest.FreePort(t, "127.0.0.1") // nobody listens there
+	c := start(t, testConfig(Peer{Address: "127.0.0.1", AS: bgptest.RouterAS, Port: uint32(port), ConnectRetry: Duration(time.Second)}), st)
 	if _, err := st.CreateService(service("web", vip4.Addr().String(), "198.18.1.1")); err != nil {
 		t.Fatal(err)
 	}
 	waitStatus(t, st, "web", false, "not advertised: no BGP peer is established yet (ipv4-unicast)")
-	routes, err := c.Routes(testContext(t))
+	routes, err := c.Routes(bgptest.Context(t))
 	if err != nil || len(routes) != 1 || routes[0].Prefix != vip4.String() {
 		t.Errorf("Routes = %v, %v; want %s handed to the speaker", routes, err, vip4)
 	}
@@ -317,8 +318,8 @@ func TestNoEstablishedPeer(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitStatus(t, st, "web2", false, "not advertised: no BGP peer is established yet (ipv4-unicast)")
-	peers, err := c.Peers(testContext(t))
-	if err != nil || len(peers) != 1 || peers[0].PeerAs != routerAS || peers[0].Port != uint32(port) {
+	peers, err := c.Peers(bgptest.Context(t))
+	if err != nil || len(peers) != 1 || peers[0].PeerAs != bgptest.RouterAS || peers[0].Port != uint32(port) {
 		t.Errorf("Peers = %v, %v; want only the static peer", peers, err)
 	}
 }

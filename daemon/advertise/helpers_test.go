@@ -4,185 +4,41 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"slices"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/lbd-dev/lbd/daemon/reconcile"
 	"github.com/lbd-dev/lbd/daemon/store"
+	"github.com/lbd-dev/lbd/internal/bgptest"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	api "github.com/osrg/gobgp/v3/api"
 	"github.com/osrg/gobgp/v3/pkg/apiutil"
-	gobgplog "github.com/osrg/gobgp/v3/pkg/log"
 	"github.com/osrg/gobgp/v3/pkg/packet/bgp"
-	"github.com/osrg/gobgp/v3/pkg/server"
 )
 
 // The tests run the controller's speaker against plain GoBGP instances playing the
 // edge routers, all on loopback: no root, no network.
 
-const (
-	routerAS  = 65000
-	speakerAS = 65001
-	// waitFor bounds every wait; generous for a loaded 2-core machine.
-	waitFor = 45 * time.Second
-)
+// testRouter is an edge router with the speaker (which connects from 127.0.0.1) as
+// a passive neighbor.
+type testRouter struct{ *bgptest.Router }
 
-// testLogger writes into the test log and keeps quiet once the test is over (GoBGP
-// goroutines may still log then).
-func testLogger(t *testing.T) hclog.Logger {
-	t.Helper()
-	w := &testWriter{t: t}
-	t.Cleanup(w.close)
-	level := hclog.Warn
-	if testing.Verbose() {
-		level = hclog.Info
-	}
-	return hclog.New(&hclog.LoggerOptions{Name: t.Name(), Output: w, Level: level})
-}
-
-type testWriter struct {
-	mu   sync.Mutex
-	t    *testing.T
-	done bool
-}
-
-func (w *testWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.done {
-		w.t.Log(strings.TrimRight(string(p), "\n"))
-	}
-	return len(p), nil
-}
-
-func (w *testWriter) close() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.done = true
-}
-
-// routerLog sends the router's warnings and errors to the test log.
-type routerLog struct{ l hclog.Logger }
-
-func (r routerLog) Panic(msg string, _ gobgplog.Fields) { r.l.Error(msg); panic(msg) }
-func (r routerLog) Fatal(msg string, _ gobgplog.Fields) { r.l.Error(msg); panic(msg) }
-func (r routerLog) Error(msg string, f gobgplog.Fields) { r.l.Error(msg, "fields", fmt.Sprint(f)) }
-func (r routerLog) Warn(msg string, f gobgplog.Fields)  { r.l.Warn(msg, "fields", fmt.Sprint(f)) }
-func (r routerLog) Info(string, gobgplog.Fields)        {}
-func (r routerLog) Debug(string, gobgplog.Fields)       {}
-func (r routerLog) SetLevel(gobgplog.LogLevel)          {}
-func (r routerLog) GetLevel() gobgplog.LogLevel         { return gobgplog.WarnLevel }
-
-func testContext(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*waitFor)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-// eventually polls f until it returns nil, failing the test with f's last error after
-// waitFor.
-func eventually(t *testing.T, what string, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(waitFor)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not reached within %s: %v", what, waitFor, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// freePort returns a TCP port that was free on addr a moment ago.
-func freePort(t *testing.T, addr string) uint16 {
-	t.Helper()
-	l, err := net.Listen("tcp", net.JoinHostPort(addr, "0"))
-	if err != nil {
-		t.Fatalf("find free port: %v", err)
-	}
-	defer l.Close()
-	return uint16(l.Addr().(*net.TCPAddr).Port)
-}
-
-// testRouter is a plain GoBGP instance acting as an edge router.
-type testRouter struct {
-	t    *testing.T
-	s    *server.BgpServer
-	addr string
-	port uint16
-}
-
-// newTestRouter starts a router listening on addr, with the speaker (which connects
-// from 127.0.0.1) as a passive neighbor.
 func newTestRouter(t *testing.T, addr string, gracefulRestart bool) *testRouter {
 	t.Helper()
-	if raceEnabled {
-		// GoBGP v3.37.0 is not race-clean with two instances in one process: StartBgp
-		// writes package globals that every instance reads.
-		t.Skip("GoBGP races with itself when two instances share a process; run without -race")
-	}
-	ctx := testContext(t)
-	var r *testRouter
-	var lastErr error
-	// The free port can be taken between the probe and the bind: retry.
-	for range 5 {
-		port := freePort(t, addr)
-		s := server.NewBgpServer(server.LoggerOption(routerLog{testLogger(t).Named("router")}))
-		go s.Serve()
-		err := s.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{
-			Asn:             routerAS,
-			RouterId:        "198.18.255.1",
-			ListenPort:      int32(port),
-			ListenAddresses: []string{addr},
-		}})
-		if err == nil {
-			t.Cleanup(s.Stop)
-			r = &testRouter{t: t, s: s, addr: addr, port: port}
-			break
-		}
-		lastErr = err
-		s.Stop()
-	}
-	if r == nil {
-		t.Fatalf("start router on %s: %v", addr, lastErr)
-	}
-	afs := []*api.AfiSafi{}
-	for _, afi := range []api.Family_Afi{api.Family_AFI_IP, api.Family_AFI_IP6} {
-		afs = append(afs, &api.AfiSafi{
-			Config:            &api.AfiSafiConfig{Family: &api.Family{Afi: afi, Safi: api.Family_SAFI_UNICAST}, Enabled: true},
-			MpGracefulRestart: &api.MpGracefulRestart{Config: &api.MpGracefulRestartConfig{Enabled: gracefulRestart}},
-		})
-	}
-	peer := &api.Peer{
-		Conf:      &api.PeerConf{NeighborAddress: "127.0.0.1", PeerAsn: speakerAS},
-		Transport: &api.Transport{PassiveMode: true},
-		AfiSafis:  afs,
-	}
-	if gracefulRestart {
-		peer.GracefulRestart = &api.GracefulRestart{Enabled: true, RestartTime: 90}
-	}
-	if err := r.s.AddPeer(ctx, &api.AddPeerRequest{Peer: peer}); err != nil {
-		t.Fatalf("router: add neighbor: %v", err)
-	}
+	r := &testRouter{bgptest.NewRouter(t, addr)}
+	r.AddNeighbor("127.0.0.1", bgptest.NeighborOptions{GracefulRestart: gracefulRestart, RestartTime: 90})
 	return r
 }
 
 // peer is the speaker's static configuration of this router.
 func (r *testRouter) peer(gracefulRestart bool) Peer {
 	return Peer{
-		Address:         r.addr,
-		AS:              routerAS,
-		Port:            uint32(r.port),
+		Address:         r.Addr.String(),
+		AS:              bgptest.RouterAS,
+		Port:            uint32(r.Port),
 		ConnectRetry:    Duration(time.Second),
 		GracefulRestart: GracefulRestart{Enabled: gracefulRestart},
 	}
@@ -190,11 +46,8 @@ func (r *testRouter) peer(gracefulRestart bool) Peer {
 
 // established reports whether the router's session with the speaker is up.
 func (r *testRouter) established() (bool, error) {
-	var state api.PeerState_SessionState
-	err := r.s.ListPeer(testContext(r.t), &api.ListPeerRequest{Address: "127.0.0.1"}, func(p *api.Peer) {
-		state = p.GetState().GetSessionState()
-	})
-	return state == api.PeerState_ESTABLISHED, err
+	p, err := r.Neighbor("127.0.0.1")
+	return p.GetState().GetSessionState() == api.PeerState_ESTABLISHED, err
 }
 
 // ribRoute is a route as the router received it.
@@ -210,7 +63,7 @@ func (r *testRouter) rib() (map[netip.Prefix]ribRoute, error) {
 	out := map[netip.Prefix]ribRoute{}
 	for _, afi := range []api.Family_Afi{api.Family_AFI_IP, api.Family_AFI_IP6} {
 		var convErr error
-		err := r.s.ListPath(testContext(r.t), &api.ListPathRequest{
+		err := r.Server.ListPath(bgptest.Context(r.T), &api.ListPathRequest{
 			TableType: api.TableType_GLOBAL,
 			Family:    &api.Family{Afi: afi, Safi: api.Family_SAFI_UNICAST},
 		}, func(d *api.Destination) {
@@ -275,11 +128,11 @@ func decodePath(p *api.Path) (netip.Prefix, ribRoute, error) {
 
 // waitRIB waits until the router holds exactly the given prefixes.
 func (r *testRouter) waitRIB(want ...netip.Prefix) map[netip.Prefix]ribRoute {
-	r.t.Helper()
+	r.T.Helper()
 	var rib map[netip.Prefix]ribRoute
 	w := slices.Clone(want)
 	slices.SortFunc(w, comparePrefix)
-	eventually(r.t, fmt.Sprintf("router %s RIB = %v", r.addr, w), func() error {
+	bgptest.Eventually(r.T, fmt.Sprintf("router %s RIB = %v", r.Addr, w), func() error {
 		var err error
 		if rib, err = r.rib(); err != nil {
 			return err
@@ -309,7 +162,7 @@ func testConfig(peers ...Peer) Config {
 	med := uint32(50)
 	return Config{
 		RouterID:  "198.18.0.10",
-		LocalAS:   speakerAS,
+		LocalAS:   bgptest.SpeakerAS,
 		NextHopV4: "198.18.0.10",
 		NextHopV6: "2001:db8::10",
 		Peers:     peers,
@@ -357,7 +210,7 @@ func start(t *testing.T, cfg Config, st *store.Store) *running {
 	t.Helper()
 	r := &running{done: make(chan error, 1)}
 	r.attached.Store(true)
-	c, err := New(cfg, st, r.attached.Load, false, testLogger(t))
+	c, err := New(cfg, st, r.attached.Load, false, bgptest.Logger(t))
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -371,7 +224,7 @@ func start(t *testing.T, cfg Config, st *store.Store) *running {
 			t.Errorf("Withdraw: %v", err)
 		}
 	})
-	eventually(t, "speaker started", func() error {
+	bgptest.Eventually(t, "speaker started", func() error {
 		if c.currentSpeaker() == nil {
 			return errors.New("not yet")
 		}
@@ -390,15 +243,15 @@ func (r *running) stop(t *testing.T) {
 			t.Errorf("Run: %v", err)
 		}
 		r.done <- nil // a later stop returns at once
-	case <-time.After(waitFor):
-		t.Fatalf("Run did not return within %s of its context ending", waitFor)
+	case <-time.After(bgptest.WaitFor):
+		t.Fatalf("Run did not return within %s of its context ending", bgptest.WaitFor)
 	}
 }
 
 // peer returns the controller's view of the peer at addr.
 func (r *running) peer(t *testing.T, addr string) (*lbdv1.BgpPeer, error) {
 	t.Helper()
-	peers, err := r.Peers(testContext(t))
+	peers, err := r.Peers(bgptest.Context(t))
 	if err != nil {
 		return nil, err
 	}
@@ -413,7 +266,7 @@ func (r *running) peer(t *testing.T, addr string) (*lbdv1.BgpPeer, error) {
 func (r *running) waitEstablished(t *testing.T, addr string) *lbdv1.BgpPeer {
 	t.Helper()
 	var p *lbdv1.BgpPeer
-	eventually(t, "session with "+addr+" established", func() error {
+	bgptest.Eventually(t, "session with "+addr+" established", func() error {
 		var err error
 		if p, err = r.peer(t, addr); err != nil {
 			return err
@@ -429,7 +282,7 @@ func (r *running) waitEstablished(t *testing.T, addr string) *lbdv1.BgpPeer {
 // waitStatus waits until the service's advertise status is (advertised, reason).
 func waitStatus(t *testing.T, st *store.Store, name string, advertised bool, reason string) {
 	t.Helper()
-	eventually(t, fmt.Sprintf("service %s advertised=%v %q", name, advertised, reason), func() error {
+	bgptest.Eventually(t, fmt.Sprintf("service %s advertised=%v %q", name, advertised, reason), func() error {
 		svc, err := st.GetService(name)
 		if err != nil {
 			return err

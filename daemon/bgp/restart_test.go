@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/lbd-dev/lbd/internal/bgptest"
 )
 
 // Environment of the speaker child process (the test binary run again).
@@ -41,16 +43,16 @@ func TestSpeakerChildProcess(t *testing.T) {
 	cfg := speakerConfig(PeerConfig{
 		Address:         netip.MustParseAddr("127.0.0.1"),
 		Port:            uint16(port),
-		AS:              routerAS,
+		AS:              bgptest.RouterAS,
 		ConnectRetry:    time.Second,
 		GracefulRestart: GracefulRestartConfig{Enabled: true, RestartTime: 120 * time.Second},
 	})
 	cfg.Restarting = os.Getenv(childRestartingEnv) == "1"
-	s, err := New(cfg, testLogger(t))
+	s, err := New(cfg, bgptest.Logger(t))
 	if err != nil {
 		t.Fatalf("child: New: %v", err)
 	}
-	ctx := testContext(t)
+	ctx := bgptest.Context(t)
 	if err := s.Start(ctx); err != nil {
 		t.Fatalf("child: Start: %v", err)
 	}
@@ -114,10 +116,10 @@ func TestGracefulRestartKeepsRoutes(t *testing.T) {
 	}
 	t.Parallel()
 	r := newTestRouter(t, "127.0.0.1")
-	r.addNeighbor("127.0.0.1", neighborOpts{gracefulRestart: true, restartTime: 90})
+	r.AddNeighbor("127.0.0.1", bgptest.NeighborOptions{GracefulRestart: true, RestartTime: 90})
 
-	first := startChild(t, r.port, false, vipA, vipB)
-	r.waitEstablished("127.0.0.1")
+	first := startChild(t, r.Port, false, vipA, vipB)
+	r.WaitEstablished("127.0.0.1")
 	waitRIB(t, r, vipA, vipB)
 	checkRestartFlags(t, r, false)
 
@@ -145,7 +147,7 @@ func TestGracefulRestartKeepsRoutes(t *testing.T) {
 	t.Cleanup(stopWatch)
 
 	first.kill()
-	eventually(t, "router keeps the routes as stale", func() error {
+	bgptest.Eventually(t, "router keeps the routes as stale", func() error {
 		for _, p := range []netip.Prefix{vipA, vipB} {
 			stale, err := r.stale(p)
 			if err != nil {
@@ -158,13 +160,13 @@ func TestGracefulRestartKeepsRoutes(t *testing.T) {
 		return nil
 	})
 
-	startChild(t, r.port, true, vipA)
-	r.waitEstablished("127.0.0.1")
+	startChild(t, r.Port, true, vipA)
+	r.WaitEstablished("127.0.0.1")
 	checkRestartFlags(t, r, true)
 	// End-of-RIB from the restarted speaker ends the restart: vipA is fresh
 	// again and vipB, not announced any more, is gone.
 	waitRIB(t, r, vipA)
-	eventually(t, "vipA refreshed", func() error {
+	bgptest.Eventually(t, "vipA refreshed", func() error {
 		stale, err := r.stale(vipA)
 		if err != nil {
 			return err

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/lbd-dev/lbd/internal/bgptest"
 )
 
 var (
@@ -25,7 +27,7 @@ func med(v uint32) *uint32 { return &v }
 func speakerConfig(peers ...PeerConfig) Config {
 	return Config{
 		RouterID:    netip.MustParseAddr("198.18.0.10"),
-		LocalAS:     speakerAS,
+		LocalAS:     bgptest.SpeakerAS,
 		NextHopIPv4: nextHop4,
 		NextHopIPv6: nextHop6,
 		Peers:       peers,
@@ -34,15 +36,15 @@ func speakerConfig(peers ...PeerConfig) Config {
 
 func startSpeaker(t *testing.T, cfg Config) *Speaker {
 	t.Helper()
-	s, err := New(cfg, testLogger(t))
+	s, err := New(cfg, bgptest.Logger(t))
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	if err := s.Start(testContext(t)); err != nil {
+	if err := s.Start(bgptest.Context(t)); err != nil {
 		t.Fatalf("Start: %v", err)
 	}
 	t.Cleanup(func() {
-		if err := s.Stop(testContext(t)); err != nil && !errors.Is(err, ErrNotStarted) {
+		if err := s.Stop(bgptest.Context(t)); err != nil && !errors.Is(err, ErrNotStarted) {
 			t.Errorf("Stop: %v", err)
 		}
 	})
@@ -52,7 +54,7 @@ func startSpeaker(t *testing.T, cfg Config) *Speaker {
 // speakerPeer returns the speaker's status of the peer at addr.
 func speakerPeer(t *testing.T, s *Speaker, addr netip.Addr) (PeerStatus, error) {
 	t.Helper()
-	peers, err := s.ListPeers(testContext(t))
+	peers, err := s.ListPeers(bgptest.Context(t))
 	if err != nil {
 		return PeerStatus{}, err
 	}
@@ -67,7 +69,7 @@ func speakerPeer(t *testing.T, s *Speaker, addr netip.Addr) (PeerStatus, error) 
 func waitSpeakerEstablished(t *testing.T, s *Speaker, addr netip.Addr) PeerStatus {
 	t.Helper()
 	var st PeerStatus
-	eventually(t, "speaker session with "+addr.String()+" established", func() error {
+	bgptest.Eventually(t, "speaker session with "+addr.String()+" established", func() error {
 		var err error
 		st, err = speakerPeer(t, s, addr)
 		if err != nil {
@@ -85,7 +87,7 @@ func waitSpeakerEstablished(t *testing.T, s *Speaker, addr netip.Addr) PeerStatu
 func waitRIB(t *testing.T, r *testRouter, want ...netip.Prefix) map[netip.Prefix]AdvertisedRoute {
 	t.Helper()
 	var rib map[netip.Prefix]AdvertisedRoute
-	eventually(t, fmt.Sprintf("router RIB = %v", want), func() error {
+	bgptest.Eventually(t, fmt.Sprintf("router RIB = %v", want), func() error {
 		var err error
 		rib, err = r.rib()
 		if err != nil {
@@ -107,23 +109,23 @@ func waitRIB(t *testing.T, r *testRouter, want ...netip.Prefix) map[netip.Prefix
 }
 
 // setUp starts a router and a speaker peered with it, and waits for the session.
-func setUp(t *testing.T, routerOpts neighborOpts, peer func(*PeerConfig)) (*testRouter, *Speaker) {
+func setUp(t *testing.T, routerOpts bgptest.NeighborOptions, peer func(*PeerConfig)) (*testRouter, *Speaker) {
 	t.Helper()
 	r := newTestRouter(t, "127.0.0.1")
-	r.addNeighbor("127.0.0.1", routerOpts)
+	r.AddNeighbor("127.0.0.1", routerOpts)
 	pc := r.peerConfig()
 	if peer != nil {
 		peer(&pc)
 	}
 	s := startSpeaker(t, speakerConfig(pc))
-	r.waitEstablished("127.0.0.1")
-	waitSpeakerEstablished(t, s, r.addr)
+	r.WaitEstablished("127.0.0.1")
+	waitSpeakerEstablished(t, s, r.Addr)
 	return r, s
 }
 
 func TestAdvertiseAndWithdraw(t *testing.T) {
 	t.Parallel()
-	r, s := setUp(t, neighborOpts{}, nil)
+	r, s := setUp(t, bgptest.NeighborOptions{}, nil)
 
 	routes := []Route{
 		{
@@ -139,7 +141,7 @@ func TestAdvertiseAndWithdraw(t *testing.T) {
 			MED:              med(60),
 		},
 	}
-	ch, err := s.SetAdvertised(testContext(t), routes)
+	ch, err := s.SetAdvertised(bgptest.Context(t), routes)
 	if err != nil {
 		t.Fatalf("SetAdvertised: %v", err)
 	}
@@ -151,7 +153,7 @@ func TestAdvertiseAndWithdraw(t *testing.T) {
 	checkRoute(t, rib[vipA], nextHop4, routes[0])
 	checkRoute(t, rib[vip6], nextHop6, routes[1])
 
-	own, err := s.ListRoutes(testContext(t))
+	own, err := s.ListRoutes(bgptest.Context(t))
 	if err != nil {
 		t.Fatalf("ListRoutes: %v", err)
 	}
@@ -161,7 +163,7 @@ func TestAdvertiseAndWithdraw(t *testing.T) {
 	checkRoute(t, own[0], nextHop4, routes[0])
 	checkRoute(t, own[1], nextHop6, routes[1])
 
-	st, err := speakerPeer(t, s, r.addr)
+	st, err := speakerPeer(t, s, r.Addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,11 +171,11 @@ func TestAdvertiseAndWithdraw(t *testing.T) {
 	if !slices.Equal(st.Families, want) {
 		t.Errorf("families = %+v, want %+v", st.Families, want)
 	}
-	if st.AS != routerAS || st.RouterID != netip.MustParseAddr("198.18.255.1") || st.Since.IsZero() {
-		t.Errorf("peer status = %+v, want AS %d, router ID 198.18.255.1, uptime set", st, routerAS)
+	if st.AS != bgptest.RouterAS || st.RouterID != netip.MustParseAddr("198.18.255.1") || st.Since.IsZero() {
+		t.Errorf("peer status = %+v, want AS %d, router ID 198.18.255.1, uptime set", st, bgptest.RouterAS)
 	}
 
-	ch, err = s.SetAdvertised(testContext(t), nil)
+	ch, err = s.SetAdvertised(bgptest.Context(t), nil)
 	if err != nil {
 		t.Fatalf("SetAdvertised(nil): %v", err)
 	}
@@ -181,7 +183,7 @@ func TestAdvertiseAndWithdraw(t *testing.T) {
 		t.Errorf("withdrawn = %v, want %v", ch.Withdrawn, want)
 	}
 	waitRIB(t, r)
-	if own, err := s.ListRoutes(testContext(t)); err != nil || len(own) != 0 {
+	if own, err := s.ListRoutes(bgptest.Context(t)); err != nil || len(own) != 0 {
 		t.Errorf("ListRoutes after withdrawal = %v, %v; want none", own, err)
 	}
 	if got, want := s.Stats(), (Stats{Announcements: 2, Withdrawals: 2}); got != want {
@@ -214,9 +216,9 @@ func derefMED(m *uint32) string {
 // a marker prefix announced afterwards has arrived, everything before it has.
 func TestSetAdvertisedSendsOnlyDifference(t *testing.T) {
 	t.Parallel()
-	r, s := setUp(t, neighborOpts{}, nil)
+	r, s := setUp(t, bgptest.NeighborOptions{}, nil)
 	log := r.recordUpdates("127.0.0.1")
-	ctx := testContext(t)
+	ctx := bgptest.Context(t)
 
 	a := Route{Prefix: vipA, MED: med(10)}
 	b := Route{Prefix: vipB}
@@ -226,7 +228,7 @@ func TestSetAdvertisedSendsOnlyDifference(t *testing.T) {
 	waitRIB(t, r, vipA, vipB)
 	// The log is fed by the router's event stream, which can lag behind its RIB: wait
 	// for both announcements there too before taking the mark.
-	eventually(t, "announcements of A and B recorded", func() error {
+	bgptest.Eventually(t, "announcements of A and B recorded", func() error {
 		got := log.since(0)
 		if !slices.Contains(got, receivedUpdate{vipA, false}) || !slices.Contains(got, receivedUpdate{vipB, false}) {
 			return fmt.Errorf("recorded %s", formatUpdates(got))
@@ -273,7 +275,7 @@ func TestSetAdvertisedSendsOnlyDifference(t *testing.T) {
 	if _, err := s.SetAdvertised(ctx, []Route{aNew, c, m2}); err != nil {
 		t.Fatalf("SetAdvertised(marker update): %v", err)
 	}
-	eventually(t, "marker update received", func() error {
+	bgptest.Eventually(t, "marker update received", func() error {
 		rib, err := r.rib()
 		if err != nil {
 			return err
@@ -298,7 +300,7 @@ func TestSetAdvertisedSendsOnlyDifference(t *testing.T) {
 // everything sent before last is in the log by then.
 func recordedThrough(t *testing.T, log *updateLog, mark int, last receivedUpdate) []receivedUpdate {
 	t.Helper()
-	eventually(t, fmt.Sprintf("%s recorded", last), func() error {
+	bgptest.Eventually(t, fmt.Sprintf("%s recorded", last), func() error {
 		if got := log.since(mark); !slices.Contains(got, last) {
 			return fmt.Errorf("recorded %s", formatUpdates(got))
 		}
@@ -309,8 +311,8 @@ func recordedThrough(t *testing.T, log *updateLog, mark int, last receivedUpdate
 
 func TestSetAdvertisedRejectsBadInput(t *testing.T) {
 	t.Parallel()
-	r, s := setUp(t, neighborOpts{}, nil)
-	ctx := testContext(t)
+	r, s := setUp(t, bgptest.NeighborOptions{}, nil)
+	ctx := bgptest.Context(t)
 	if _, err := s.SetAdvertised(ctx, []Route{{Prefix: vipA}}); err != nil {
 		t.Fatalf("SetAdvertised: %v", err)
 	}
@@ -333,9 +335,9 @@ func TestSetAdvertisedRejectsBadInput(t *testing.T) {
 func TestPeerLifecycle(t *testing.T) {
 	t.Parallel()
 	r := newTestRouter(t, "127.0.0.1")
-	r.addNeighbor("127.0.0.1", neighborOpts{})
+	r.AddNeighbor("127.0.0.1", bgptest.NeighborOptions{})
 	s := startSpeaker(t, speakerConfig())
-	ctx := testContext(t)
+	ctx := bgptest.Context(t)
 
 	events := make(chan PeerEvent, 100)
 	if err := s.WatchPeers(ctx, func(e PeerEvent) { events <- e }); err != nil {
@@ -351,9 +353,9 @@ func TestPeerLifecycle(t *testing.T) {
 		t.Fatalf("AddPeer: %v", err)
 	}
 	waitEvent(t, events, "established", func(e PeerEvent) bool {
-		return e.Address == r.addr && e.State == StateEstablished && e.AS == routerAS
+		return e.Address == r.Addr && e.State == StateEstablished && e.AS == bgptest.RouterAS
 	})
-	waitSpeakerEstablished(t, s, r.addr)
+	waitSpeakerEstablished(t, s, r.Addr)
 	waitRIB(t, r, vipA)
 
 	if err := s.AddPeer(ctx, pc); !errors.Is(err, ErrPeerExists) {
@@ -373,14 +375,14 @@ func TestPeerLifecycle(t *testing.T) {
 	}
 
 	// An unchanged configuration keeps the session.
-	before, err := speakerPeer(t, s, r.addr)
+	before, err := speakerPeer(t, s, r.Addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := s.UpdatePeer(ctx, pc); err != nil {
 		t.Fatalf("UpdatePeer(same): %v", err)
 	}
-	if after, err := speakerPeer(t, s, r.addr); err != nil || after.State != StateEstablished || !after.Since.Equal(before.Since) {
+	if after, err := speakerPeer(t, s, r.Addr); err != nil || after.State != StateEstablished || !after.Since.Equal(before.Since) {
 		t.Errorf("after no-op update: %+v, %v; want the same established session", after, err)
 	}
 
@@ -390,8 +392,8 @@ func TestPeerLifecycle(t *testing.T) {
 	if err := s.UpdatePeer(ctx, updated); err != nil {
 		t.Fatalf("UpdatePeer: %v", err)
 	}
-	eventually(t, "hold time 30 s negotiated", func() error {
-		n, err := r.neighbor("127.0.0.1")
+	bgptest.Eventually(t, "hold time 30 s negotiated", func() error {
+		n, err := r.Neighbor("127.0.0.1")
 		if err != nil {
 			return err
 		}
@@ -423,7 +425,7 @@ func TestPeerLifecycle(t *testing.T) {
 		t.Fatalf("DeletePeer: %v", err)
 	}
 	waitEvent(t, events, "deleted", func(e PeerEvent) bool {
-		return e.Address == r.addr && e.State == StateIdle && e.Deleted
+		return e.Address == r.Addr && e.State == StateIdle && e.Deleted
 	})
 	waitRIB(t, r)
 	if peers, err := s.ListPeers(ctx); err != nil || len(peers) != 0 {
@@ -436,7 +438,7 @@ func TestPeerLifecycle(t *testing.T) {
 
 func waitEvent(t *testing.T, events <-chan PeerEvent, what string, match func(PeerEvent) bool) {
 	t.Helper()
-	timeout := time.After(waitFor)
+	timeout := time.After(bgptest.WaitFor)
 	var seen []PeerEvent
 	for {
 		select {
@@ -446,7 +448,7 @@ func waitEvent(t *testing.T, events <-chan PeerEvent, what string, match func(Pe
 			}
 			seen = append(seen, e)
 		case <-timeout:
-			t.Fatalf("no %s peer event within %s; saw %+v", what, waitFor, seen)
+			t.Fatalf("no %s peer event within %s; saw %+v", what, bgptest.WaitFor, seen)
 		}
 	}
 }
@@ -463,11 +465,11 @@ func drain(events <-chan PeerEvent) {
 
 func TestLearnedRoutesAreNotImported(t *testing.T) {
 	t.Parallel()
-	r, s := setUp(t, neighborOpts{}, nil)
+	r, s := setUp(t, bgptest.NeighborOptions{}, nil)
 	learned := netip.MustParsePrefix("198.18.128.0/24")
 	r.announce(learned, "127.0.0.1")
-	eventually(t, "speaker received the router's route", func() error {
-		st, err := speakerPeer(t, s, r.addr)
+	bgptest.Eventually(t, "speaker received the router's route", func() error {
+		st, err := speakerPeer(t, s, r.Addr)
 		if err != nil {
 			return err
 		}
@@ -478,7 +480,7 @@ func TestLearnedRoutesAreNotImported(t *testing.T) {
 		}
 		return fmt.Errorf("families %+v", st.Families)
 	})
-	routes, err := s.ListRoutes(testContext(t))
+	routes, err := s.ListRoutes(bgptest.Context(t))
 	if err != nil {
 		t.Fatalf("ListRoutes: %v", err)
 	}
@@ -489,14 +491,14 @@ func TestLearnedRoutesAreNotImported(t *testing.T) {
 
 func TestGracefulRestartNegotiated(t *testing.T) {
 	t.Parallel()
-	r, s := setUp(t, neighborOpts{gracefulRestart: true, restartTime: 90}, func(p *PeerConfig) {
+	r, s := setUp(t, bgptest.NeighborOptions{GracefulRestart: true, RestartTime: 90}, func(p *PeerConfig) {
 		p.GracefulRestart = GracefulRestartConfig{Enabled: true, RestartTime: 200 * time.Second}
 	})
-	st := waitSpeakerEstablished(t, s, r.addr)
+	st := waitSpeakerEstablished(t, s, r.Addr)
 	if !st.GracefulRestart || st.PeerRestartTime != 90*time.Second {
 		t.Errorf("speaker: graceful restart %v, peer restart time %s; want true, 90s", st.GracefulRestart, st.PeerRestartTime)
 	}
-	n, err := r.neighbor("127.0.0.1")
+	n, err := r.Neighbor("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -511,30 +513,30 @@ func TestGracefulRestartNegotiated(t *testing.T) {
 	}
 
 	// Stop is for good even with graceful restart: the routes go at once.
-	if _, err := s.SetAdvertised(testContext(t), []Route{{Prefix: vipA}}); err != nil {
+	if _, err := s.SetAdvertised(bgptest.Context(t), []Route{{Prefix: vipA}}); err != nil {
 		t.Fatalf("SetAdvertised: %v", err)
 	}
 	waitRIB(t, r, vipA)
-	if err := s.Stop(testContext(t)); err != nil {
+	if err := s.Stop(bgptest.Context(t)); err != nil {
 		t.Fatalf("Stop: %v", err)
 	}
 	waitRIB(t, r)
-	if err := s.Start(testContext(t)); !errors.Is(err, ErrStarted) {
+	if err := s.Start(bgptest.Context(t)); !errors.Is(err, ErrStarted) {
 		t.Errorf("Start after Stop = %v, want ErrStarted", err)
 	}
-	if _, err := s.SetAdvertised(testContext(t), nil); !errors.Is(err, ErrNotStarted) {
+	if _, err := s.SetAdvertised(bgptest.Context(t), nil); !errors.Is(err, ErrNotStarted) {
 		t.Errorf("SetAdvertised after Stop = %v, want ErrNotStarted", err)
 	}
 }
 
 func TestGracefulRestartNotNegotiatedWithoutConfig(t *testing.T) {
 	t.Parallel()
-	r, s := setUp(t, neighborOpts{gracefulRestart: true, restartTime: 90}, nil)
-	st := waitSpeakerEstablished(t, s, r.addr)
+	r, s := setUp(t, bgptest.NeighborOptions{GracefulRestart: true, RestartTime: 90}, nil)
+	st := waitSpeakerEstablished(t, s, r.Addr)
 	if st.GracefulRestart {
 		t.Errorf("speaker reports graceful restart negotiated without enabling it")
 	}
-	n, err := r.neighbor("127.0.0.1")
+	n, err := r.Neighbor("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -551,7 +553,7 @@ func TestMethodsBeforeStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := testContext(t)
+	ctx := bgptest.Context(t)
 	if _, err := s.SetAdvertised(ctx, nil); !errors.Is(err, ErrNotStarted) {
 		t.Errorf("SetAdvertised = %v, want ErrNotStarted", err)
 	}
