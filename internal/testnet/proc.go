@@ -24,9 +24,9 @@ type Proc struct {
 	exited  chan struct{}
 }
 
-// Start starts cmd (from NS.Command for a process in a namespace) in a process group of
-// its own, with its output appended to the file log. At cleanup the group is killed if
-// the process still runs, and the end of the log is shown if the test failed.
+// Start starts cmd (from NS.Command for a process in a namespace) with its output
+// appended to the file log. At cleanup the process is killed if it still runs, and the
+// end of the log is shown if the test failed.
 func Start(tb testing.TB, name, log string, cmd *exec.Cmd) *Proc {
 	tb.Helper()
 	p := &Proc{Name: name, Log: log, cmd: cmd, exited: make(chan struct{})}
@@ -40,11 +40,6 @@ func Start(tb testing.TB, name, log string, cmd *exec.Cmd) *Proc {
 	}
 	fmt.Fprintf(f, "=== %s: %s\n", time.Now().Format(time.TimeOnly), strings.Join(cmd.Args, " "))
 	cmd.Stdout, cmd.Stderr = f, f
-	if cmd.SysProcAttr == nil {
-		cmd.SysProcAttr = &syscall.SysProcAttr{}
-	}
-	// Killing the group stops a shell's children with it.
-	cmd.SysProcAttr.Setpgid = true
 	if err := cmd.Start(); err != nil {
 		tb.Fatalf("start %s: %v", name, err)
 	}
@@ -97,13 +92,18 @@ func (p *Proc) Running() bool {
 	}
 }
 
-// Kill sends SIGKILL to the process group this test started and waits for the process
-// to exit.
+// Kill sends SIGKILL to the process, or to its process group if cmd was started in one
+// of its own (SysProcAttr.Setpgid: a shell's children then die with it), and waits for
+// the process to exit.
 func (p *Proc) Kill() {
 	if !p.Running() {
 		return
 	}
-	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	if a := p.cmd.SysProcAttr; a != nil && a.Setpgid {
+		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) // the group this test started
+	} else {
+		p.cmd.Process.Signal(syscall.SIGKILL)
+	}
 	select {
 	case <-p.exited:
 	case <-time.After(10 * time.Second):
