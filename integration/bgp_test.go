@@ -250,13 +250,13 @@ func TestBGPSessionLoss(t *testing.T) {
 	other := tb.otherLB(from)
 
 	t.Logf("SIGSTOP lbd on %s", other.name)
-	if err := other.lbd.proc.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+	if err := other.lbd.proc.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	stopped := true
 	t.Cleanup(func() {
 		if stopped {
-			other.lbd.proc.cmd.Process.Signal(syscall.SIGCONT)
+			other.lbd.proc.Signal(syscall.SIGCONT)
 		}
 	})
 	took := tb.router.waitNextHops(t, vip4, []*node{from}, bgpHold+5*time.Second)
@@ -266,7 +266,7 @@ func TestBGPSessionLoss(t *testing.T) {
 	if took < bgpHold-bgpKeepalive-500*time.Millisecond || took > bgpHold+2*time.Second {
 		t.Errorf("the router dropped the hung %s after %v, want about the hold time %v", other.name, took, bgpHold)
 	}
-	if err := other.lbd.proc.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+	if err := other.lbd.proc.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
 	stopped = false

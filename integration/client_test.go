@@ -21,7 +21,7 @@ import (
 func (tb *testbed) dial(network string, to netip.AddrPort) (net.Conn, error) {
 	port := tb.nextClientPort()
 	var conn net.Conn
-	err := inNS(tb.clientNS, func() error {
+	err := tb.clientNS.DoErr(func() error {
 		d := net.Dialer{Timeout: 5 * time.Second}
 		if strings.HasPrefix(network, "udp") {
 			d.LocalAddr = &net.UDPAddr{Port: port}

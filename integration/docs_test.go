@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/lbd-dev/lbd/docs/docstest"
+	"github.com/lbd-dev/lbd/internal/testnet"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 )
 
@@ -211,10 +211,10 @@ func (tb *testbed) guideSetup(t *testing.T) {
 		tb.lbctlLBs(t, "service", "delete", s.name)
 	}
 	for i, be := range tb.backends {
-		ipBatch(t, be.ns, fmt.Sprintf("addr add 198.18.1.%d/24 dev %s", 10+i, be.ifc))
+		be.ns.AddAddr(t, be.ifc, netip.MustParsePrefix(fmt.Sprintf("198.18.1.%d/24", 10+i)))
 	}
 	for _, lb := range tb.lbs {
-		ipBatch(t, lb.ns, "route add 198.18.1.0/24 dev "+lb.ifc)
+		lb.ns.IP(t, "route add 198.18.1.0/24 dev "+lb.ifc)
 	}
 }
 
@@ -222,7 +222,7 @@ func (tb *testbed) guideSetup(t *testing.T) {
 // generic names mean there.
 type docPlace struct {
 	name string // for messages: lb1, be2, router, client
-	ns   string
+	ns   *testnet.NS
 	env  []string
 	// prelude is shell code run before the command (functions standing in for
 	// defaults that differ in the testbed).
@@ -301,8 +301,7 @@ func (tb *testbed) runDocCommand(t *testing.T, root string, b docstest.Block, c 
 			text = r.re.ReplaceAllLiteralString(text, r.with)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), docsCommandTimeout)
-		cmd := exec.CommandContext(ctx, "nsenter", "--net=/run/netns/"+p.ns, "--",
-			"bash", "-c", "set -o pipefail\n"+p.prelude+text)
+		cmd := p.ns.CommandContext(ctx, "bash", "-c", "set -o pipefail\n"+p.prelude+text)
 		cmd.Dir = root
 		cmd.Env = append(append(os.Environ(), "PATH="+binDir+string(os.PathListSeparator)+os.Getenv("PATH")), p.env...)
 		// A pipeline's children may keep the output open after bash is killed.

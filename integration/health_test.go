@@ -122,7 +122,7 @@ func TestHealthCheck(t *testing.T) {
 
 	t.Logf("stop the servers of %s", be1.name)
 	start := time.Now()
-	be1.servers.kill()
+	be1.servers.Kill()
 	for _, s := range services {
 		took := time.Since(start) + tb.waitHealth(t, s.name, ap1, lbdv1.HealthState_HEALTH_STATE_DOWN, 10*time.Second)
 		t.Logf("%s: %s DOWN and out of the Maglev table on every LB node %v after its servers stopped", s.name, be1.name, took.Round(time.Millisecond))

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/go-logr/logr"
+	"github.com/lbd-dev/lbd/internal/testnet"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -153,7 +154,7 @@ leaderElection:
 // where it reaches the apiserver on the loopback and lbd through its socket file. Its log
 // goes to <dir>/adapter-<node>.log and is shown if the test fails; it is killed by PID
 // when the test ends.
-func (tb *testbed) startAdapter(t *testing.T, bin string, lb *node, kubeconfig, cfgPath string) *proc {
+func (tb *testbed) startAdapter(t *testing.T, bin string, lb *node, kubeconfig, cfgPath string) *testnet.Proc {
 	t.Helper()
-	return tb.spawn("adapter-"+lb.name, "", nil, bin, "--config", cfgPath, "--kubeconfig", kubeconfig, "--identity", lb.name)
+	return tb.spawn("adapter-"+lb.name, nil, nil, bin, "--config", cfgPath, "--kubeconfig", kubeconfig, "--identity", lb.name)
 }

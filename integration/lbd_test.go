@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lbd-dev/lbd/internal/testnet"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -43,7 +44,7 @@ type daemon struct {
 	// gracefulRestart enables graceful restart on it.
 	bgp             bool
 	gracefulRestart bool
-	proc            *proc
+	proc            *testnet.Proc
 	conn            *grpc.ClientConn
 	lb              lbdv1.LoadBalancerServiceClient
 	nodeAPI         lbdv1.NodeServiceClient
@@ -162,37 +163,37 @@ func (d *daemon) start(t *testing.T) {
 		if err == nil && resp.GetNode().GetDatapathAttached() {
 			return
 		}
-		if !d.proc.running() {
-			t.Fatalf("lbd on %s exited:\n%s", d.node.name, tail(d.proc.log, 40))
+		if !d.proc.Running() {
+			t.Fatalf("lbd on %s exited:\n%s", d.node.name, d.proc.Tail(40))
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("lbd on %s: no attached datapath after 20s (last: %v, %v):\n%s", d.node.name,
-				resp.GetNode(), err, tail(d.proc.log, 40))
+				resp.GetNode(), err, d.proc.Tail(40))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 }
 
 // crash kills lbd with SIGKILL: no shutdown code runs, the datapath stays pinned.
-func (d *daemon) crash() { d.proc.kill() }
+func (d *daemon) crash() { d.proc.Kill() }
 
 // stop sends lbd SIGTERM, a plain stop, and waits for it to exit.
 func (d *daemon) stop(t *testing.T) {
 	t.Helper()
-	if err := d.proc.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := d.proc.Signal(syscall.SIGTERM); err != nil {
 		t.Fatalf("SIGTERM lbd on %s: %v", d.node.name, err)
 	}
 	select {
-	case <-d.proc.exited:
+	case <-d.proc.Exited():
 	case <-time.After(20 * time.Second):
-		t.Fatalf("lbd on %s still runs 20s after SIGTERM:\n%s", d.node.name, tail(d.proc.log, 40))
+		t.Fatalf("lbd on %s still runs 20s after SIGTERM:\n%s", d.node.name, d.proc.Tail(40))
 	}
 }
 
 // lbctl runs lbctl against one daemon and returns its output.
 func (d *daemon) lbctl(t *testing.T, args ...string) string {
 	t.Helper()
-	return run(t, append([]string{d.tb.lbctlBin, "-s", "unix://" + d.sock}, args...)...)
+	return testnet.Run(t, append([]string{d.tb.lbctlBin, "-s", "unix://" + d.sock}, args...)...)
 }
 
 // lbctlJSON runs lbctl with -o json against one daemon and decodes its answer, the
@@ -372,9 +373,9 @@ func (d *daemon) scrape(t *testing.T) string {
 }
 
 // dialIn connects from inside a namespace.
-func dialIn(ctx context.Context, ns, network, addr string) (net.Conn, error) {
+func dialIn(ctx context.Context, ns *testnet.NS, network, addr string) (net.Conn, error) {
 	var conn net.Conn
-	err := inNS(ns, func() error {
+	err := ns.DoErr(func() error {
 		var err error
 		conn, err = (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, network, addr)
 		return err

@@ -18,6 +18,8 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+
+	"github.com/lbd-dev/lbd/internal/testnet"
 )
 
 // serverEnv, when set in the environment, turns the test binary into the backend
@@ -36,17 +38,11 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// requireEnv skips the test unless it runs as root with every tool the testbed drives.
+// requireEnv skips the test unless it runs as root with every tool the testbed drives,
+// and the extra ones.
 func requireEnv(t *testing.T, extra ...string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the testbed creates network namespaces and loads BPF programs")
-	}
-	for _, tool := range append([]string{"ip", "nsenter", "ethtool", "sysctl", "bird", "birdc"}, extra...) {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("needs %s (Debian: make deps): %v", tool, err)
-		}
-	}
+	testnet.Require(t, append([]string{"ip", "nsenter", "ethtool", "bird", "birdc"}, extra...)...)
 }
 
 var (

@@ -7,11 +7,14 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lbd-dev/lbd/internal/testnet"
 )
 
 // BGP between the router and the LB nodes: every LB node's lbd peers with BIRD over
@@ -33,7 +36,7 @@ const (
 type bird struct {
 	tb         *testbed
 	conf, sock string
-	proc       *proc
+	proc       *testnet.Proc
 	static     bool
 	// nextHops are the LB nodes the router takes routes from: the enabled sessions,
 	// or the gateways of the static routes.
@@ -127,7 +130,7 @@ func (r *bird) write(t *testing.T, lbs []*node) {
 
 // birdc runs one command on the router's control socket.
 func (r *bird) birdc(args ...string) (string, error) {
-	return runErr(append([]string{"birdc", "-s", r.sock}, args...)...)
+	return testnet.Output(exec.Command("birdc", append([]string{"-s", r.sock}, args...)...))
 }
 
 // setNextHops makes the router spread the VIPs over lbs only, and waits until the
@@ -196,7 +199,7 @@ func (r *bird) waitNextHops(t *testing.T, vip netip.Addr, lbs []*node, timeout t
 		if slices.Equal(got, want) {
 			return time.Since(start)
 		}
-		if !r.proc.running() || time.Since(start) > timeout {
+		if !r.proc.Running() || time.Since(start) > timeout {
 			out, _ := r.birdc("show", "protocols")
 			t.Fatalf("router route to %s via %v after %v, want %v; BIRD protocols:\n%s", vip, got, timeout, want, out)
 		}
@@ -206,12 +209,12 @@ func (r *bird) waitNextHops(t *testing.T, vip netip.Addr, lbs []*node, timeout t
 
 // kernelNextHops returns the sorted gateways of the kernel route to vip in ns, an
 // empty list if there is none.
-func kernelNextHops(ns string, vip netip.Addr) ([]string, error) {
+func kernelNextHops(ns *testnet.NS, vip netip.Addr) ([]string, error) {
 	fam := "-4"
 	if vip.Is6() {
 		fam = "-6"
 	}
-	out, err := runErr("ip", "-n", ns, "-j", fam, "route", "show", netip.PrefixFrom(vip, vip.BitLen()).String())
+	out, err := testnet.Output(exec.Command("ip", "-n", ns.Name, "-j", fam, "route", "show", netip.PrefixFrom(vip, vip.BitLen()).String()))
 	if err != nil {
 		return nil, err
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
 	"github.com/gopacket/gopacket/pcapgo"
+	"github.com/lbd-dev/lbd/internal/testnet"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 )
 
@@ -117,8 +118,8 @@ type decoded struct {
 	innerSrc, innerDst netip.Addr
 }
 
-func decode(f frame) (decoded, bool) {
-	pkt := gopacket.NewPacket(f.data, layers.LayerTypeEthernet, gopacket.DecodeOptions{Lazy: true, NoCopy: true})
+func decode(f testnet.Frame) (decoded, bool) {
+	pkt := gopacket.NewPacket(f.Data, layers.LayerTypeEthernet, gopacket.DecodeOptions{Lazy: true, NoCopy: true})
 	var d decoded
 	nl := pkt.NetworkLayer()
 	if nl == nil {
@@ -156,11 +157,11 @@ func decode(f frame) (decoded, bool) {
 // every packet the client receives comes from VIP:port, none from a backend address.
 func TestDSR(t *testing.T) {
 	tb := newLB(t, options{})
-	var lbCaps []*capture
+	var lbCaps []*testnet.Capture
 	for _, lb := range tb.lbs {
-		lbCaps = append(lbCaps, startCapture(t, tb.bridgeNS, lb.brIfc))
+		lbCaps = append(lbCaps, tb.bridgeNS.Capture(t, lb.brIfc))
 	}
-	clientCap := startCapture(t, tb.clientNS, tb.clientIf)
+	clientCap := tb.clientNS.Capture(t, tb.clientIf)
 
 	tb.getMany(t, webVIP, 50)
 	for range 10 {
@@ -184,7 +185,7 @@ func TestDSR(t *testing.T) {
 			if !ok {
 				continue
 			}
-			if d.geneve != nil && !f.outgoing && d.src == lb.addr4 {
+			if d.geneve != nil && !f.Outgoing && d.src == lb.addr4 {
 				geneve++
 			}
 			if d.src == vip4 || d.innerSrc == vip4 {
@@ -202,7 +203,7 @@ func TestDSR(t *testing.T) {
 	var received int
 	for _, f := range clientCap.Stop() {
 		d, ok := decode(f)
-		if !ok || f.outgoing || !d.dst.IsValid() || d.dst != client4 {
+		if !ok || f.Outgoing || !d.dst.IsValid() || d.dst != client4 {
 			continue
 		}
 		received++
@@ -519,7 +520,7 @@ func TestPathMTU(t *testing.T) {
 	if after == before {
 		t.Error("no LB node counted a too-big packet: the upload never needed the ICMP path")
 	}
-	route := run(t, "ip", "-n", tb.clientNS, "route", "get", vip4.String())
+	route := testnet.Run(t, "ip", "-n", tb.clientNS.Name, "route", "get", vip4.String())
 	want := fmt.Sprintf("mtu %d", 1500-62)
 	if !strings.Contains(route, want) {
 		t.Errorf("client route to the VIP: %q, want the learnt %q", strings.TrimSpace(route), want)
@@ -553,7 +554,7 @@ func TestPathMTUv6(t *testing.T) {
 	if after == before {
 		t.Error("no LB node counted a too-big packet: the upload never needed the ICMPv6 path")
 	}
-	route := run(t, "ip", "-n", tb.clientNS, "-6", "route", "get", vip6.String())
+	route := testnet.Run(t, "ip", "-n", tb.clientNS.Name, "-6", "route", "get", vip6.String())
 	want := fmt.Sprintf("mtu %d", 1500-94)
 	if !strings.Contains(route, want) {
 		t.Errorf("client route to the VIP: %q, want the learnt %q", strings.TrimSpace(route), want)
@@ -613,9 +614,9 @@ func TestIPv6VIP(t *testing.T) {
 func TestGeneveDecode(t *testing.T) {
 	requireEnv(t, "tshark")
 	tb := newLB(t, options{})
-	var caps []*capture
+	var caps []*testnet.Capture
 	for _, be := range tb.backends {
-		caps = append(caps, startCapture(t, tb.bridgeNS, be.brIfc))
+		caps = append(caps, tb.bridgeNS.Capture(t, be.brIfc))
 	}
 	tb.getMany(t, webVIP, 10)
 
@@ -625,15 +626,15 @@ func TestGeneveDecode(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := pcapgo.NewWriter(f)
-	if err := w.WriteFileHeader(snapLen, layers.LinkTypeEthernet); err != nil {
+	if err := w.WriteFileHeader(testnet.SnapLen, layers.LinkTypeEthernet); err != nil {
 		t.Fatal(err)
 	}
 	var written int
 	for _, c := range caps {
 		for _, fr := range c.Stop() {
-			if d, ok := decode(fr); ok && d.geneve != nil && fr.outgoing {
-				ci := gopacket.CaptureInfo{Timestamp: time.Now(), CaptureLength: len(fr.data), Length: len(fr.data)}
-				if err := w.WritePacket(ci, fr.data); err != nil {
+			if d, ok := decode(fr); ok && d.geneve != nil && fr.Outgoing {
+				ci := gopacket.CaptureInfo{Timestamp: time.Now(), CaptureLength: len(fr.Data), Length: len(fr.Data)}
+				if err := w.WritePacket(ci, fr.Data); err != nil {
 					t.Fatal(err)
 				}
 				written++
@@ -644,7 +645,7 @@ func TestGeneveDecode(t *testing.T) {
 	if written == 0 {
 		t.Fatal("no Geneve frame reached a backend node")
 	}
-	out := run(t, "tshark", "-r", path, "-T", "fields", "-E", "separator=|",
+	out := testnet.Run(t, "tshark", "-r", path, "-T", "fields", "-E", "separator=|",
 		"-e", "udp.dstport", "-e", "geneve.proto_type", "-e", "geneve.option.class", "-e", "geneve.option.type",
 		"-e", "geneve.option.unknown.data", "-e", "ip.dst", "-e", "tcp.dstport")
 	wantData := hex.EncodeToString(vip4.AsSlice()) + fmt.Sprintf("%04x", webPort) + "0000"

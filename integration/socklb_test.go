@@ -8,17 +8,16 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
 	"github.com/lbd-dev/lbd/daemon/datapath"
+	"github.com/lbd-dev/lbd/internal/testnet"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 )
 
@@ -54,20 +53,12 @@ func (tb *testbed) setupCgroup() {
 
 // runIn runs a command to completion in namespace ns and, if cgroup is set, inside
 // that cgroup; it returns stdout, stderr and the error.
-func runIn(ns, cgroup string, timeout time.Duration, argv ...string) (string, string, error) {
-	cmd := exec.Command("timeout", append([]string{fmt.Sprint(timeout.Seconds())}, argv...)...)
-	if ns != "" {
-		cmd = exec.Command("nsenter", append([]string{"--net=/run/netns/" + ns, "--", "timeout", fmt.Sprint(timeout.Seconds())}, argv...)...)
-	}
+func runIn(t *testing.T, ns *testnet.NS, cgroup string, timeout time.Duration, argv ...string) (string, string, error) {
+	cmd := ns.Command(append([]string{"timeout", fmt.Sprint(timeout.Seconds())}, argv...)...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if cgroup != "" {
-		cg, err := os.Open(cgroup)
-		if err != nil {
-			return "", "", err
-		}
-		defer cg.Close()
-		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
+		testnet.InCgroup(t, cmd, cgroup)
 	}
 	err := cmd.Run()
 	return stdout.String(), stderr.String(), err
@@ -113,14 +104,14 @@ func TestSocketLB(t *testing.T) {
 		caps := be1.synCaptures(t)
 		answered := map[string]int{}
 		for i := 0; i < 12; i++ {
-			out, errOut, err := runIn(be1.ns, tb.cgroup, 5*time.Second, "curl", "-sS", "--max-time", "3", "http://"+web.String()+"/")
+			out, errOut, err := runIn(t, be1.ns, tb.cgroup, 5*time.Second, "curl", "-sS", "--max-time", "3", "http://"+web.String()+"/")
 			if err != nil {
 				t.Fatalf("curl %s in the cgroup: %v: %s", web, err, errOut)
 			}
 			answered[strings.Fields(out + " -")[0]]++
 		}
 		// getpeername() of the application's socket says VIP:80.
-		out, errOut, err := runIn(be1.ns, tb.cgroup, 5*time.Second, "python3", "-c", pyPeer, vip4.String(), fmt.Sprint(webPort))
+		out, errOut, err := runIn(t, be1.ns, tb.cgroup, 5*time.Second, "python3", "-c", pyPeer, vip4.String(), fmt.Sprint(webPort))
 		if err != nil || strings.TrimSpace(out) != fmt.Sprintf("%s %d", vip4, webPort) {
 			t.Errorf("getpeername() in the cgroup: %q, %v: %s", out, err, errOut)
 		}
@@ -144,7 +135,7 @@ func TestSocketLB(t *testing.T) {
 		caps := be1.synCaptures(t)
 		// Whether the VIP answers a backend node the long way round does not matter here:
 		// only where the SYN goes.
-		runIn(be1.ns, "", 3*time.Second, "curl", "-sS", "--max-time", "1", "http://"+web.String()+"/")
+		runIn(t, be1.ns, "", 3*time.Second, "curl", "-sS", "--max-time", "1", "http://"+web.String()+"/")
 		syns := synDestinations(caps)
 		if len(syns) == 0 || syns[0] != web {
 			t.Errorf("outside the cgroup, the SYNs went to %v, want %s", syns, web)
@@ -170,7 +161,7 @@ func TestSocketLB(t *testing.T) {
 		if !backendAddrs[pinned] || tb.byAddr(pinned) == nil {
 			t.Fatalf("stream socket translated to %q, not a backend", pinned)
 		}
-		nc.waitLog(t, tb.byAddr(pinned).name+" ping5", 5*time.Second)
+		nc.WaitLog(t, tb.byAddr(pinned).name+" ping5", 5*time.Second)
 		t.Logf("lbctl socket list: the stream socket goes to %s", pinned)
 		t.Logf("%s", d.lbctl(t, "socket", "list"))
 
@@ -186,7 +177,7 @@ func TestSocketLB(t *testing.T) {
 
 		d.lbctl(t, "backend", "drain", "stream", netip.AddrPortFrom(netip.MustParseAddr(pinned), echoPort).String())
 		time.Sleep(300 * time.Millisecond) // the reconciler writes the new table
-		out, errOut, err := runIn(be1.ns, tb.cgroup, 20*time.Second, "python3", "-c", pyEcho, vip4.String(), fmt.Sprint(streamPt), "30")
+		out, errOut, err := runIn(t, be1.ns, tb.cgroup, 20*time.Second, "python3", "-c", pyEcho, vip4.String(), fmt.Sprint(streamPt), "30")
 		if err != nil {
 			t.Fatalf("new connections to the stream service: %v: %s", err, errOut)
 		}
@@ -199,8 +190,8 @@ func TestSocketLB(t *testing.T) {
 		}
 		t.Logf("30 new connections after draining %s: %v", tb.byAddr(pinned).name, got)
 		// The established connection still gets answers from the drained backend.
-		nc.waitLog(t, tb.byAddr(pinned).name+" ping40", 10*time.Second)
-		nc.kill()
+		nc.WaitLog(t, tb.byAddr(pinned).name+" ping40", 10*time.Second)
+		nc.Kill()
 		eventually(t, 5*time.Second, func() error {
 			var resp lbdv1.ListSocketTranslationsResponse
 			d.lbctlJSON(t, &resp, "socket", "list", "--backend", pinned)
@@ -215,7 +206,7 @@ func TestSocketLB(t *testing.T) {
 
 	t.Run("UDP unconnected and connected", func(t *testing.T) {
 		dns := netip.AddrPortFrom(vip4, dnsPort)
-		out, errOut, err := runIn(be1.ns, tb.cgroup, 10*time.Second, "python3", "-c", pyUDP, vip4.String(), fmt.Sprint(dnsPort), "5")
+		out, errOut, err := runIn(t, be1.ns, tb.cgroup, 10*time.Second, "python3", "-c", pyUDP, vip4.String(), fmt.Sprint(dnsPort), "5")
 		if err != nil {
 			t.Fatalf("UDP client in the cgroup: %v: %s", err, errOut)
 		}
@@ -248,7 +239,7 @@ func TestSocketLB(t *testing.T) {
 		time.Sleep(300 * time.Millisecond)
 		// The client measures connect() itself and prints the errno's name and the
 		// microseconds it took.
-		out, errOut, err := runIn(be1.ns, tb.cgroup, 10*time.Second, "python3", "-c", pyRefused, vip4.String(), "7777", "20")
+		out, errOut, err := runIn(t, be1.ns, tb.cgroup, 10*time.Second, "python3", "-c", pyRefused, vip4.String(), "7777", "20")
 		if err != nil {
 			t.Fatalf("connect to a service without backends: %v: %s", err, errOut)
 		}
@@ -282,7 +273,7 @@ func TestSocketLB(t *testing.T) {
 		if got["connect"] < 35 || got["sendmsg"] < 5 || got["no_backend"] < 20 || got["reverse"] < 10 {
 			t.Errorf("socket counters %v: want ≥ 35 connects, ≥ 5 sends, ≥ 20 refusals, ≥ 10 reverse translations", got)
 		}
-		metrics := run(t, "nsenter", "--net=/run/netns/"+be1.ns, "--", "curl", "-sS", "http://"+metricsAddr+"/metrics")
+		metrics := be1.ns.Exec(t, "curl", "-sS", "http://"+metricsAddr+"/metrics")
 		if !strings.Contains(metrics, `lbd_socket_lb_calls_total{event="connect"}`) {
 			t.Errorf("metrics lack lbd_socket_lb_calls_total{event=\"connect\"}")
 		}
@@ -321,22 +312,22 @@ for _ in range(int(sys.argv[3])):
 
 // synCaptures captures on the node's uplink and loopback (a backend may be the node
 // itself) until synDestinations stops them.
-func (n *node) synCaptures(t *testing.T) []*capture {
-	return []*capture{startCapture(t, n.ns, n.ifc), startCapture(t, n.ns, "lo")}
+func (n *node) synCaptures(t *testing.T) []*testnet.Capture {
+	return []*testnet.Capture{n.ns.Capture(t, n.ifc), n.ns.Capture(t, "lo")}
 }
 
 // synDestinations stops the captures and returns where their connection-opening SYNs
 // (SYN without ACK) went, in capture order per interface.
-func synDestinations(caps []*capture) []netip.AddrPort {
+func synDestinations(caps []*testnet.Capture) []netip.AddrPort {
 	var out []netip.AddrPort
 	for _, c := range caps {
 		for _, fr := range c.Stop() {
 			// Only what the node sends (loopback shows each frame twice). Loopback frames
 			// carry an all-zero Ethernet header, so both decode alike.
-			pkt := gopacket.NewPacket(fr.data, layers.LayerTypeEthernet, gopacket.DecodeOptions{Lazy: true, NoCopy: true})
+			pkt := gopacket.NewPacket(fr.Data, layers.LayerTypeEthernet, gopacket.DecodeOptions{Lazy: true, NoCopy: true})
 			tcp, _ := pkt.Layer(layers.LayerTypeTCP).(*layers.TCP)
 			nl := pkt.NetworkLayer()
-			if tcp == nil || nl == nil || !tcp.SYN || tcp.ACK || !fr.outgoing {
+			if tcp == nil || nl == nil || !tcp.SYN || tcp.ACK || !fr.Outgoing {
 				continue
 			}
 			dst, _ := netip.AddrFromSlice(nl.NetworkFlow().Dst().Raw())

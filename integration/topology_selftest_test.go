@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/lbd-dev/lbd/internal/testnet"
 )
 
 // TestTopology checks the testbed itself, without lbd: the router (static routes, as
@@ -23,7 +25,7 @@ func TestTopology(t *testing.T) {
 	via := map[string]int{}
 	for sport := 10001; sport <= 10040; sport++ {
 		route := func() string {
-			return run(t, "ip", "-n", tb.routerNS, "route", "get", vip4.String(), "from", client4.String(),
+			return testnet.Run(t, "ip", "-n", tb.routerNS.Name, "route", "get", vip4.String(), "from", client4.String(),
 				"iif", tb.routerCIf, "ipproto", "tcp", "sport", fmt.Sprint(sport), "dport", fmt.Sprint(webPort))
 		}
 		first := route()
@@ -43,7 +45,7 @@ func TestTopology(t *testing.T) {
 	for _, lb := range tb.lbs {
 		for _, be := range tb.backends {
 			for _, a := range []netip.Addr{be.addr4, be.addr6} {
-				nsExec(t, lb.ns, "ping", "-c", "1", "-W", "2", a.String())
+				lb.ns.Exec(t, "ping", "-c", "1", "-W", "2", a.String())
 			}
 		}
 	}

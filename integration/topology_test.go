@@ -3,8 +3,6 @@
 package integration
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -15,10 +13,15 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/asm"
-	"github.com/cilium/ebpf/link"
+	"github.com/lbd-dev/lbd/internal/testnet"
 	"golang.org/x/sys/unix"
+)
+
+// Service ports on the VIPs; each maps to the server port of the same kind.
+const (
+	webPort  = 80   // TCP, to httpPort
+	streamPt = 9000 // TCP, to echoPort
+	dnsPort  = 5300 // UDP, to udpPort
 )
 
 // Addresses (DESIGN.md §7): nodes in 198.18.0.0/15, VIPs in 203.0.113.0/24, IPv6 in
@@ -35,13 +38,6 @@ var (
 	routerFabric6 = netip.MustParseAddr("2001:db8:f::1")
 	fabric4       = netip.MustParsePrefix("198.18.0.0/24")
 	fabric6       = netip.MustParsePrefix("2001:db8:f::/64")
-)
-
-// Service ports on the VIPs; each maps to the server port of the same kind.
-const (
-	webPort  = 80   // TCP, to httpPort
-	streamPt = 9000 // TCP, to echoPort
-	dnsPort  = 5300 // UDP, to udpPort
 )
 
 // options shape a testbed; the zero value is the default topology.
@@ -68,12 +64,12 @@ type options struct {
 // node is an LB or backend node: a namespace with one uplink into the fabric bridge.
 type node struct {
 	name         string // "lb1", "be2": also what a backend's servers answer with
-	ns           string
+	ns           *testnet.NS
 	ifc, brIfc   string // uplink, and its peer on the bridge
 	mac          net.HardwareAddr
 	addr4, addr6 netip.Addr
 	lbd          *daemon
-	servers      *proc // a backend node's servers
+	servers      *testnet.Proc // a backend node's servers
 }
 
 // testbed is one topology:
@@ -90,7 +86,7 @@ type testbed struct {
 	sfx  string
 	dir  string // sockets, state and logs
 
-	clientNS, routerNS, bridgeNS string
+	clientNS, routerNS, bridgeNS *testnet.NS
 	clientIf, routerCIf          string // the client link, client and router side
 	routerFIf, routerFBr         string // the router's fabric link and its bridge port
 	bridge                       string
@@ -102,14 +98,6 @@ type testbed struct {
 	lbctlBin    string
 	router      *bird
 	clientPorts atomic.Uint32
-}
-
-func newSuffix(t *testing.T) string {
-	var b [3]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(b[:])
 }
 
 // newTestbed builds the network, starts the router and the backend servers. LB and
@@ -128,10 +116,9 @@ func newTestbed(t *testing.T, opts options) *testbed {
 	if opts.fabricMTU == 0 {
 		opts.fabricMTU = 1600
 	}
-	sfx := newSuffix(t)
+	sfx := testnet.Suffix(t)
 	tb := &testbed{
 		t: t, opts: opts, sfx: sfx,
-		clientNS: "lbdit-" + sfx + "-cl", routerNS: "lbdit-" + sfx + "-rt", bridgeNS: "lbdit-" + sfx + "-br",
 		clientIf: "cl-" + sfx, routerCIf: "rc-" + sfx, routerFIf: "rf-" + sfx, routerFBr: "brf-" + sfx,
 		bridge: "br-" + sfx,
 	}
@@ -142,24 +129,14 @@ func newTestbed(t *testing.T, opts options) *testbed {
 	t.Cleanup(func() { os.RemoveAll(tb.dir) })
 	tb.clientPorts.Store(10000)
 
+	tb.clientNS = testnet.NewNS(t, "lbdit-"+sfx+"-cl")
+	tb.routerNS = testnet.NewNS(t, "lbdit-"+sfx+"-rt")
+	tb.bridgeNS = testnet.NewNS(t, "lbdit-"+sfx+"-br")
 	for i := 1; i <= opts.lbs; i++ {
 		tb.lbs = append(tb.lbs, tb.newNode(fmt.Sprintf("lb%d", i), 1, i))
 	}
 	for i := 1; i <= opts.backends; i++ {
 		tb.backends = append(tb.backends, tb.newNode(fmt.Sprintf("be%d", i), 2, i))
-	}
-
-	namespaces := []string{tb.clientNS, tb.routerNS, tb.bridgeNS}
-	for _, n := range tb.nodes() {
-		namespaces = append(namespaces, n.ns)
-	}
-	t.Cleanup(func() {
-		for _, ns := range namespaces {
-			bestEffort("ip", "netns", "delete", ns)
-		}
-	})
-	for _, ns := range namespaces {
-		run(t, "ip", "netns", "add", ns)
 	}
 	tb.setupBPFFS()
 	if opts.socketLB {
@@ -176,15 +153,11 @@ func newTestbed(t *testing.T, opts options) *testbed {
 	return tb
 }
 
-// bestEffort runs a cleanup command whose failure is not worth reporting (the namespace
-// may already be gone).
-func bestEffort(args ...string) { runErr(args...) }
-
 func (tb *testbed) newNode(name string, role, i int) *node {
 	host := 10*role + i // lb1 .11, be1 .21
 	return &node{
 		name:  name,
-		ns:    "lbdit-" + tb.sfx + "-" + name,
+		ns:    testnet.NewNS(tb.t, "lbdit-"+tb.sfx+"-"+name),
 		ifc:   name + "-" + tb.sfx,
 		brIfc: "b" + name + "-" + tb.sfx,
 		mac:   net.HardwareAddr{0x02, 0, 0, 0, byte(role), byte(i)},
@@ -207,24 +180,7 @@ func (tb *testbed) setupBPFFS() {
 		}
 		t.Cleanup(func() { os.RemoveAll(tb.bpffs) })
 	} else {
-		tb.bpffs = filepath.Join(os.TempDir(), "lbd-test-bpffs-"+tb.sfx)
-		if err := os.Mkdir(tb.bpffs, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		if err := unix.Mount("bpf", tb.bpffs, "bpf", 0, "mode=0700"); err != nil {
-			os.Remove(tb.bpffs)
-			t.Fatalf("mount bpffs on %s: %v", tb.bpffs, err)
-		}
-		t.Cleanup(func() {
-			entries, _ := os.ReadDir(tb.bpffs)
-			for _, e := range entries {
-				os.RemoveAll(filepath.Join(tb.bpffs, e.Name()))
-			}
-			if err := unix.Unmount(tb.bpffs, 0); err != nil {
-				t.Errorf("unmount %s: %v", tb.bpffs, err)
-			}
-			os.Remove(tb.bpffs)
-		})
+		tb.bpffs = testnet.BPFFS(t)
 	}
 	for _, n := range tb.nodes() {
 		if err := os.Mkdir(filepath.Join(tb.bpffs, n.name), 0o700); err != nil {
@@ -234,23 +190,19 @@ func (tb *testbed) setupBPFFS() {
 }
 
 func (tb *testbed) setupLinks() {
-	mtu := fmt.Sprint(tb.opts.fabricMTU)
-	lines := []string{
-		fmt.Sprintf("link add %s netns %s type veth peer name %s netns %s", tb.clientIf, tb.clientNS, tb.routerCIf, tb.routerNS),
-		fmt.Sprintf("link add %s mtu %s netns %s type veth peer name %s mtu %s netns %s",
-			tb.routerFIf, mtu, tb.routerNS, tb.routerFBr, mtu, tb.bridgeNS),
-	}
+	t, mtu := tb.t, tb.opts.fabricMTU
+	testnet.Veth(t, testnet.VethEnd{NS: tb.clientNS, Name: tb.clientIf}, testnet.VethEnd{NS: tb.routerNS, Name: tb.routerCIf})
+	testnet.Veth(t, testnet.VethEnd{NS: tb.routerNS, Name: tb.routerFIf, MTU: mtu},
+		testnet.VethEnd{NS: tb.bridgeNS, Name: tb.routerFBr, MTU: mtu})
 	for _, n := range tb.nodes() {
-		lines = append(lines, fmt.Sprintf("link add %s mtu %s address %s netns %s type veth peer name %s mtu %s netns %s",
-			n.ifc, mtu, n.mac, n.ns, n.brIfc, mtu, tb.bridgeNS))
+		testnet.Veth(t, testnet.VethEnd{NS: n.ns, Name: n.ifc, MTU: mtu, MAC: n.mac},
+			testnet.VethEnd{NS: tb.bridgeNS, Name: n.brIfc, MTU: mtu})
 	}
-	ipBatch(tb.t, "", lines...)
-
 	br := []string{fmt.Sprintf("link add %s type bridge mcast_snooping 0", tb.bridge), "link set " + tb.bridge + " up"}
 	for _, p := range append([]string{tb.routerFBr}, tb.brPorts()...) {
-		br = append(br, fmt.Sprintf("link set %s master %s", p, tb.bridge), "link set "+p+" up")
+		br = append(br, fmt.Sprintf("link set %s master %s", p, tb.bridge))
 	}
-	ipBatch(tb.t, tb.bridgeNS, br...)
+	tb.bridgeNS.IP(t, br...)
 }
 
 func (tb *testbed) brPorts() []string {
@@ -263,28 +215,15 @@ func (tb *testbed) brPorts() []string {
 
 func (tb *testbed) setupAddresses() {
 	t := tb.t
-	ipBatch(t, tb.clientNS,
-		"link set lo up",
-		fmt.Sprintf("addr add %s/24 dev %s", client4, tb.clientIf),
-		fmt.Sprintf("addr add %s/64 dev %s nodad", client6, tb.clientIf),
-		"link set "+tb.clientIf+" up",
+	tb.clientNS.AddAddr(t, tb.clientIf, netip.PrefixFrom(client4, 24), netip.PrefixFrom(client6, 64))
+	tb.clientNS.IP(t,
 		fmt.Sprintf("route add default via %s", routerClient4),
 		fmt.Sprintf("route add ::/0 via %s", routerClient6))
-	ipBatch(t, tb.routerNS,
-		"link set lo up",
-		fmt.Sprintf("addr add %s/24 dev %s", routerClient4, tb.routerCIf),
-		fmt.Sprintf("addr add %s/64 dev %s nodad", routerClient6, tb.routerCIf),
-		fmt.Sprintf("addr add %s/%d dev %s", routerFabric4, fabric4.Bits(), tb.routerFIf),
-		fmt.Sprintf("addr add %s/%d dev %s nodad", routerFabric6, fabric6.Bits(), tb.routerFIf),
-		"link set "+tb.routerCIf+" up",
-		"link set "+tb.routerFIf+" up")
+	tb.routerNS.AddAddr(t, tb.routerCIf, netip.PrefixFrom(routerClient4, 24), netip.PrefixFrom(routerClient6, 64))
+	tb.routerNS.AddAddr(t, tb.routerFIf, netip.PrefixFrom(routerFabric4, fabric4.Bits()), netip.PrefixFrom(routerFabric6, fabric6.Bits()))
 	for _, n := range tb.nodes() {
-		lines := []string{
-			"link set lo up",
-			fmt.Sprintf("addr add %s/%d dev %s", n.addr4, fabric4.Bits(), n.ifc),
-			fmt.Sprintf("addr add %s/%d dev %s nodad", n.addr6, fabric6.Bits(), n.ifc),
-			"link set " + n.ifc + " up",
-		}
+		n.ns.AddAddr(t, n.ifc, netip.PrefixFrom(n.addr4, fabric4.Bits()), netip.PrefixFrom(n.addr6, fabric6.Bits()))
+		var lines []string
 		if strings.HasPrefix(n.name, "be") {
 			// Backends answer clients straight through the router (DSR). advmss keeps
 			// client segments at what the client's own 1500-byte link carries.
@@ -304,7 +243,7 @@ func (tb *testbed) setupAddresses() {
 					fmt.Sprintf("neigh replace %s lladdr %s dev %s nud permanent", be.addr6, be.mac, n.ifc))
 			}
 		}
-		ipBatch(t, n.ns, lines...)
+		n.ns.IP(t, lines...)
 	}
 }
 
@@ -313,52 +252,28 @@ func (tb *testbed) setupKernel() {
 	t := tb.t
 	// Policy 3 with these fields hashes on addresses, protocol and ports only: the
 	// path of a flow is repeatable, unlike policy 1 on veth.
-	nsExec(t, tb.routerNS, "sysctl", "-qw",
+	tb.routerNS.Sysctl(t,
 		"net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1",
 		"net.ipv4.fib_multipath_hash_policy=3", "net.ipv4.fib_multipath_hash_fields=0x0037",
 		"net.ipv6.fib_multipath_hash_policy=3", "net.ipv6.fib_multipath_hash_fields=0x0037")
 	for _, lb := range tb.lbs {
 		// bpf_fib_lookup needs forwarding on the ingress device. LB nodes have no
 		// default route, so traffic XDP passes up cannot loop back to the router.
-		nsExec(t, lb.ns, "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1")
+		lb.ns.Sysctl(t, "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1")
 	}
 	// Sockets on veth leave checksums to the device (CHECKSUM_PARTIAL), which native
 	// XDP and a SNAT that forgets the pseudo-header would hide: senders compute them.
-	nsExec(t, tb.clientNS, "ethtool", "-K", tb.clientIf, "tx", "off")
+	tb.clientNS.Exec(t, "ethtool", "-K", tb.clientIf, "tx", "off")
 	for _, be := range tb.backends {
-		nsExec(t, be.ns, "ethtool", "-K", be.ifc, "tx", "off")
+		be.ns.Exec(t, "ethtool", "-K", be.ifc, "tx", "off")
 	}
 }
 
 // attachPeerXDP gives the bridge side of every LB uplink an XDP_PASS program: frames an
 // LB sends with XDP_TX are dropped unless the veth peer runs XDP (TESTBED.md).
 func (tb *testbed) attachPeerXDP() {
-	t := tb.t
-	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-		Name:    "xdp_pass",
-		Type:    ebpf.XDP,
-		License: "GPL",
-		Instructions: asm.Instructions{
-			asm.Mov.Imm(asm.R0, 2), // XDP_PASS
-			asm.Return(),
-		},
-	})
-	if err != nil {
-		t.Fatalf("load XDP_PASS program: %v", err)
-	}
-	t.Cleanup(func() { prog.Close() })
 	for _, lb := range tb.lbs {
-		idx := ifindex(t, tb.bridgeNS, lb.brIfc)
-		var l link.Link
-		err := inNS(tb.bridgeNS, func() error {
-			var err error
-			l, err = link.AttachXDP(link.XDPOptions{Program: prog, Interface: idx, Flags: link.XDPDriverMode})
-			return err
-		})
-		if err != nil {
-			t.Fatalf("attach XDP_PASS to %s: %v", lb.brIfc, err)
-		}
-		t.Cleanup(func() { l.Close() })
+		tb.bridgeNS.PassXDP(tb.t, lb.brIfc)
 	}
 }
 
