@@ -35,18 +35,3 @@ func Run(ns netns.NsHandle, fn func()) error {
 	fn()
 	return nil
 }
-
-// RunNamed is Run for the namespace named name (/run/netns/name); it returns fn's
-// error.
-func RunNamed(name string, fn func() error) error {
-	ns, err := netns.GetFromName(name)
-	if err != nil {
-		return fmt.Errorf("open netns %s: %w", name, err)
-	}
-	defer ns.Close()
-	var ferr error
-	if err := Run(ns, func() { ferr = fn() }); err != nil {
-		return fmt.Errorf("netns %s: %w", name, err)
-	}
-	return ferr
-}

@@ -1,34 +1,24 @@
 //go:build linux
 
-package nsdo
+package nsdo_test
 
 import (
-	"crypto/rand"
-	"encoding/hex"
-	"errors"
-	"os"
-	"os/exec"
-	"strings"
 	"testing"
 
+	"github.com/lbd-dev/lbd/internal/nsdo"
+	"github.com/lbd-dev/lbd/internal/testnet"
 	"github.com/vishvananda/netns"
 )
 
-// TestRun: fn runs in the namespace (it sees only that namespace's interfaces), the
-// thread comes back to the original one, and fn's error comes back from RunNamed.
+// TestRun: fn runs in the namespace and the thread comes back to the original one; a
+// handle that is no namespace is an error, and fn does not run.
 func TestRun(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates a network namespace")
-	}
-	var b [3]byte
-	if _, err := rand.Read(b[:]); err != nil {
+	ns := testnet.NewNS(t, "nsdo-"+testnet.Suffix(t))
+	h, err := netns.GetFromName(ns.Name)
+	if err != nil {
 		t.Fatal(err)
 	}
-	name := "nsdo-" + hex.EncodeToString(b[:])
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
+	defer h.Close()
 	orig, err := netns.Get()
 	if err != nil {
 		t.Fatal(err)
@@ -36,19 +26,13 @@ func TestRun(t *testing.T) {
 	defer orig.Close()
 
 	var inside netns.NsHandle
-	want := errors.New("from fn")
-	err = RunNamed(name, func() error {
-		if inside, err = netns.Get(); err != nil {
-			return err
-		}
-		return want
-	})
-	if !errors.Is(err, want) {
-		t.Fatalf("RunNamed returned %v, want fn's error", err)
+	var ierr error
+	if err := nsdo.Run(h, func() { inside, ierr = netns.Get() }); err != nil || ierr != nil {
+		t.Fatalf("Run: %v, %v", err, ierr)
 	}
 	defer inside.Close()
-	if inside.Equal(orig) {
-		t.Error("fn ran in the original namespace")
+	if !inside.Equal(h) {
+		t.Error("fn did not run in the namespace")
 	}
 	now, err := netns.Get()
 	if err != nil {
@@ -58,7 +42,9 @@ func TestRun(t *testing.T) {
 	if !now.Equal(orig) {
 		t.Error("the thread did not come back to the original namespace")
 	}
-	if err := RunNamed(name+"-missing", func() error { return nil }); err == nil || !strings.Contains(err.Error(), name+"-missing") {
-		t.Errorf("RunNamed of a missing namespace: %v", err)
+
+	ran := false
+	if err := nsdo.Run(netns.None(), func() { ran = true }); err == nil || ran {
+		t.Errorf("Run with no namespace: %v, fn ran: %v", err, ran)
 	}
 }
