@@ -92,15 +92,27 @@ func (ns *NS) Capture(tb testing.TB, dev string) *Capture {
 func (c *Capture) loop() {
 	defer close(c.done)
 	buf := make([]byte, 65536)
+	var drainUntil time.Time // set once stopped
 	for {
-		select {
-		case <-c.stop:
-			return
-		default:
+		if drainUntil.IsZero() {
+			select {
+			case <-c.stop:
+				// Frames a test already saw the effect of are queued on the socket,
+				// perhaps not read yet: read what is queued, then end.
+				drainUntil = time.Now().Add(time.Second)
+			default:
+			}
 		}
-		n, from, err := unix.Recvfrom(c.fd, buf, unix.MSG_TRUNC)
+		flags := unix.MSG_TRUNC
+		if !drainUntil.IsZero() {
+			flags |= unix.MSG_DONTWAIT
+		}
+		n, from, err := unix.Recvfrom(c.fd, buf, flags)
 		if err != nil {
-			continue
+			if !drainUntil.IsZero() {
+				return
+			}
+			continue // the 50 ms timeout: look at c.stop again
 		}
 		n = min(n, SnapLen, len(buf))
 		ll, _ := from.(*unix.SockaddrLinklayer)
@@ -108,10 +120,14 @@ func (c *Capture) loop() {
 		c.mu.Lock()
 		c.frames = append(c.frames, f)
 		c.mu.Unlock()
+		if !drainUntil.IsZero() && time.Now().After(drainUntil) {
+			return
+		}
 	}
 }
 
-// Stop ends the capture and returns every frame seen; later calls return the same.
+// Stop ends the capture once the frames queued so far are read, and returns every
+// frame seen; later calls return the same.
 func (c *Capture) Stop() []Frame {
 	c.stopOnce.Do(func() {
 		close(c.stop)

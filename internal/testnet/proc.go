@@ -73,9 +73,6 @@ func InCgroup(tb testing.TB, cmd *exec.Cmd, dir string) {
 	cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, int(f.Fd())
 }
 
-// Pid is the process's ID.
-func (p *Proc) Pid() int { return p.cmd.Process.Pid }
-
 // Signal sends sig to the process (not to its group).
 func (p *Proc) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
 

@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -41,7 +40,7 @@ func TestNetwork(t *testing.T) {
 	mac := net.HardwareAddr{0x02, 0, 0, 0, 0xee, 0x01}
 	src := netip.MustParsePrefix("198.18.250.1/24")
 	dst := netip.MustParseAddrPort("198.18.250.2:4789")
-	var pid int
+	var sleep *Proc
 	var bpffs string
 
 	t.Run("build", func(t *testing.T) {
@@ -105,9 +104,8 @@ func TestNetwork(t *testing.T) {
 			t.Errorf("capture saw the datagram %d times and %d outgoing frames; want 1 and some", seen, outgoing)
 		}
 
-		p := Start(t, "sleep", filepath.Join(t.TempDir(), "sleep.log"), a.Command("sleep", "600"))
-		pid = p.Pid()
-		if !p.Running() {
+		sleep = Start(t, "sleep", filepath.Join(t.TempDir(), "sleep.log"), a.Command("sleep", "600"))
+		if !sleep.Running() {
 			t.Error("sleep is not running")
 		}
 		bpffs = BPFFS(t)
@@ -116,8 +114,8 @@ func TestNetwork(t *testing.T) {
 		}
 	})
 
-	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
-		t.Errorf("process %d still exists after the test: %v", pid, err)
+	if sleep.Running() {
+		t.Error("the process still runs after the test")
 	}
 	out, err := exec.Command("ip", "netns", "list").CombinedOutput()
 	if err != nil {
