@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"testing"
 	"time"
+
+	"github.com/lbd-dev/lbd/internal/pktgen"
 )
 
 // TestAffinity: with session affinity, a client's new flows follow its first
@@ -35,9 +37,9 @@ func TestAffinity(t *testing.T) {
 		if client.Is6() {
 			vip, svc = vip6, 2
 		}
-		first := e.sendTo(t, pkt{src: client, dst: vip, sport: 1000, dport: 80})
+		first := e.sendTo(t, pktgen.Packet{Src: client, Dst: vip, SrcPort: 1000, DstPort: 80})
 		for i := 1; i < 30; i++ {
-			if got := e.sendTo(t, pkt{src: client, dst: vip, sport: uint16(1000 + i), dport: 80}); got != first {
+			if got := e.sendTo(t, pktgen.Packet{Src: client, Dst: vip, SrcPort: uint16(1000 + i), DstPort: 80}); got != first {
 				t.Fatalf("%v: flow %d went to %v, affinity says %v", client, i, got, first)
 			}
 		}
@@ -76,7 +78,7 @@ func TestAffinity(t *testing.T) {
 			if err := e.d.SetAffinity(AffinityEntry{ServiceID: 1, Client: other, BackendID: c.backend, LastSeen: MonotonicNow() - c.age}); err != nil {
 				t.Fatal(err)
 			}
-			got := e.sendTo(t, pkt{src: other, dst: vip4, sport: uint16(2000 + i), dport: 80})
+			got := e.sendTo(t, pktgen.Packet{Src: other, Dst: vip4, SrcPort: uint16(2000 + i), DstPort: 80})
 			if is9 := got == netip.MustParseAddr("198.18.20.9"); is9 != c.want9 {
 				t.Errorf("flow went to %v", got)
 			}

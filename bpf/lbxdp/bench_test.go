@@ -12,6 +12,7 @@ import (
 	"unsafe"
 
 	"github.com/cilium/ebpf"
+	"github.com/lbd-dev/lbd/internal/pktgen"
 	"golang.org/x/sys/unix"
 )
 
@@ -236,10 +237,10 @@ func BenchmarkDatapath(b *testing.B) {
 	e.setTable(b, 1, ids, 65537)
 	h := newHarness(b, e.topo)
 
-	syn := pkt{src: client4, dst: vip4, sport: 40000, dport: 80, payload: 20}.build(b)
-	est := pkt{src: client4, dst: vip4, sport: 40001, dport: 80, tcpFlags: tcpACK, payload: 20}.build(b)
-	other := pkt{src: client4, dst: netip.MustParseAddr("203.0.113.200"), sport: 40002, dport: 80, payload: 20}.build(b)
-	bad := pkt{src: client4, dst: vip4, sport: 40003, dport: 80, payload: 20}.build(b)
+	syn := pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 40000, DstPort: 80, Payload: pktgen.Bytes(20)}.Frame()
+	est := pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 40001, DstPort: 80, Flags: pktgen.ACK, Payload: pktgen.Bytes(20)}.Frame()
+	other := pktgen.Packet{Src: client4, Dst: netip.MustParseAddr("203.0.113.200"), SrcPort: 40002, DstPort: 80, Payload: pktgen.Bytes(20)}.Frame()
+	bad := pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 40003, DstPort: 80, Payload: pktgen.Bytes(20)}.Frame()
 	bad[14] = 0x44 // IHL 4
 
 	cases := []struct {

@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"testing"
 	"time"
+
+	"github.com/lbd-dev/lbd/internal/pktgen"
 )
 
 // ctEnv: one TCP and one UDP service with backends A (1) and B (2); the table
@@ -25,24 +27,25 @@ func ctEnv(t *testing.T) *env {
 }
 
 // sendTo runs a packet and returns the backend address it was sent to.
-func (e *env) sendTo(t *testing.T, p pkt) netip.Addr {
+func (e *env) sendTo(t *testing.T, p pktgen.Packet) netip.Addr {
 	t.Helper()
-	v, out := e.run(t, p.build(t))
+	v, out := e.run(t, p.Frame())
 	if v != XDPTx {
 		t.Fatalf("verdict %v, want XDP_TX", v)
 	}
-	return innerDst(decodeEncap(t, out))
+	return backendOf(t, out)
 }
 
-func flowOf(p pkt) Flow {
-	proto := p.proto
+// flowOf is the conntrack flow of a client packet.
+func flowOf(p pktgen.Packet) Flow {
+	proto := p.Proto
 	if proto == 0 {
 		proto = ProtoTCP
 	}
-	return Flow{Src: netip.AddrPortFrom(p.src, p.sport), Dst: netip.AddrPortFrom(p.dst, p.dport), Proto: proto}
+	return Flow{Src: netip.AddrPortFrom(p.Src, p.SrcPort), Dst: netip.AddrPortFrom(p.Dst, p.DstPort), Proto: proto}
 }
 
-func (e *env) ct(t *testing.T, p pkt) CTEntry {
+func (e *env) ct(t *testing.T, p pktgen.Packet) CTEntry {
 	t.Helper()
 	ent, ok, err := e.d.ConntrackLookup(flowOf(p))
 	if err != nil || !ok {
@@ -63,16 +66,15 @@ var (
 func TestConntrackSticky(t *testing.T) {
 	e := ctEnv(t)
 	cases := []struct {
-		name     string
-		syn, ack pkt
-		newFlow  pkt
-		svc      uint32
-		a, b     netip.Addr
-		bID      uint32
+		name         string
+		syn, newFlow pktgen.Packet
+		svc          uint32
+		a, b         netip.Addr
+		bID          uint32
 	}{
-		{"tcp4", pkt{src: client4, dst: vip4, sport: 1000, dport: 80}, pkt{src: client4, dst: vip4, sport: 1000, dport: 80, tcpFlags: tcpACK}, pkt{src: client4, dst: vip4, sport: 1001, dport: 80}, 1, beA, beB, 2},
-		{"udp4", pkt{src: client4, dst: vip4, sport: 1000, dport: 53, proto: ProtoUDP}, pkt{src: client4, dst: vip4, sport: 1000, dport: 53, proto: ProtoUDP}, pkt{src: client4, dst: vip4, sport: 1001, dport: 53, proto: ProtoUDP}, 2, beA, beB, 2},
-		{"tcp6", pkt{src: client6, dst: vip6, sport: 1000, dport: 80}, pkt{src: client6, dst: vip6, sport: 1000, dport: 80, tcpFlags: tcpACK}, pkt{src: client6, dst: vip6, sport: 1001, dport: 80}, 3, be6A, be6B, 4},
+		{"tcp4", pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 1000, DstPort: 80}, pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 1001, DstPort: 80}, 1, beA, beB, 2},
+		{"udp4", pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 1000, DstPort: 53, Proto: ProtoUDP}, pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 1001, DstPort: 53, Proto: ProtoUDP}, 2, beA, beB, 2},
+		{"tcp6", pktgen.Packet{Src: client6, Dst: vip6, SrcPort: 1000, DstPort: 80}, pktgen.Packet{Src: client6, Dst: vip6, SrcPort: 1001, DstPort: 80}, 3, be6A, be6B, 4},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -80,7 +82,7 @@ func TestConntrackSticky(t *testing.T) {
 				t.Fatalf("first packet went to %v, want %v", got, c.a)
 			}
 			e.setTable(t, c.svc, []uint32{c.bID}, 13)
-			if got := e.sendTo(t, c.ack); got != c.a {
+			if got := e.sendTo(t, ackOf(c.syn)); got != c.a {
 				t.Errorf("established flow moved to %v after a table change", got)
 			}
 			if got := e.sendTo(t, c.newFlow); got != c.b {
@@ -94,9 +96,7 @@ func TestConntrackSticky(t *testing.T) {
 // and its entry follows.
 func TestConntrackBackendGone(t *testing.T) {
 	e := ctEnv(t)
-	syn := pkt{src: client4, dst: vip4, sport: 2000, dport: 80}
-	ack := syn
-	ack.tcpFlags = tcpACK
+	syn := pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 2000, DstPort: 80}
 	if got := e.sendTo(t, syn); got != beA {
 		t.Fatalf("went to %v", got)
 	}
@@ -104,7 +104,7 @@ func TestConntrackBackendGone(t *testing.T) {
 	if err := e.d.DeleteBackend(1); err != nil {
 		t.Fatal(err)
 	}
-	if got := e.sendTo(t, ack); got != beB {
+	if got := e.sendTo(t, ackOf(syn)); got != beB {
 		t.Fatalf("flow of a deleted backend went to %v, want %v", got, beB)
 	}
 	if ent := e.ct(t, syn); ent.BackendID != 2 {
@@ -117,20 +117,20 @@ func TestConntrackBackendGone(t *testing.T) {
 func TestConntrackStates(t *testing.T) {
 	e := ctEnv(t)
 	cfg := DefaultConfig()
-	base := pkt{src: client4, dst: vip4, sport: 3000, dport: 80}
-	with := func(flags uint8) pkt { p := base; p.tcpFlags = flags; return p }
+	base := pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 3000, DstPort: 80}
+	with := func(flags pktgen.TCPFlags) pktgen.Packet { p := base; p.Flags = flags; return p }
 	steps := []struct {
 		name    string
-		flags   uint8
+		flags   pktgen.TCPFlags
 		state   CTState
 		timeout time.Duration
 	}{
-		{"syn", tcpSYN, CTSyn, cfg.TCPSynTimeout},
-		{"syn retransmit", tcpSYN, CTSyn, cfg.TCPSynTimeout},
-		{"ack", tcpACK, CTEstablished, cfg.TCPEstablishedTimeout},
-		{"data", tcpACK | tcpPSH, CTEstablished, cfg.TCPEstablishedTimeout},
-		{"fin", tcpFIN | tcpACK, CTClosing, cfg.TCPClosingTimeout},
-		{"last ack", tcpACK, CTClosing, cfg.TCPClosingTimeout},
+		{"syn", pktgen.SYN, CTSyn, cfg.TCPSynTimeout},
+		{"syn retransmit", pktgen.SYN, CTSyn, cfg.TCPSynTimeout},
+		{"ack", pktgen.ACK, CTEstablished, cfg.TCPEstablishedTimeout},
+		{"data", pktgen.ACK | pktgen.PSH, CTEstablished, cfg.TCPEstablishedTimeout},
+		{"fin", pktgen.FIN | pktgen.ACK, CTClosing, cfg.TCPClosingTimeout},
+		{"last ack", pktgen.ACK, CTClosing, cfg.TCPClosingTimeout},
 	}
 	for _, s := range steps {
 		before := MonotonicNow()
@@ -152,24 +152,24 @@ func TestConntrackStates(t *testing.T) {
 	}
 	// Port reuse: a new SYN on a closing entry is a new connection.
 	e.setTable(t, 1, []uint32{2}, 31)
-	if got := e.sendTo(t, with(tcpSYN)); got != beB {
+	if got := e.sendTo(t, with(pktgen.SYN)); got != beB {
 		t.Errorf("SYN on a closing entry went to %v, want re-balanced to %v", got, beB)
 	}
 	if ent := e.ct(t, base); ent.State != CTSyn || ent.BackendID != 2 {
 		t.Errorf("re-balanced entry %+v", ent)
 	}
 	// RST closes too; a mid-flow packet without entry starts established.
-	rst := pkt{src: client4, dst: vip4, sport: 3001, dport: 80, tcpFlags: tcpRST}
+	rst := pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 3001, DstPort: 80, Flags: pktgen.RST}
 	e.sendTo(t, rst)
 	if ent := e.ct(t, rst); ent.State != CTClosing {
 		t.Errorf("RST: state %v", ent.State)
 	}
-	mid := pkt{src: client4, dst: vip4, sport: 3002, dport: 80, tcpFlags: tcpACK}
+	mid := pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 3002, DstPort: 80, Flags: pktgen.ACK}
 	e.sendTo(t, mid)
 	if ent := e.ct(t, mid); ent.State != CTEstablished {
 		t.Errorf("mid-flow pickup: state %v", ent.State)
 	}
-	udp := pkt{src: client4, dst: vip4, sport: 3003, dport: 53, proto: ProtoUDP}
+	udp := pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 3003, DstPort: 53, Proto: ProtoUDP}
 	e.sendTo(t, udp)
 	if ent := e.ct(t, udp); ent.State != CTOther || ent.ExpiresAt-ent.LastSeen != cfg.UDPTimeout {
 		t.Errorf("UDP entry %+v", ent)
@@ -185,7 +185,7 @@ func TestConntrackExpiry(t *testing.T) {
 	if err := e.d.SetConfig(cfg); err != nil {
 		t.Fatal(err)
 	}
-	udp := pkt{src: client4, dst: vip4, sport: 4000, dport: 53, proto: ProtoUDP}
+	udp := pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 4000, DstPort: 53, Proto: ProtoUDP}
 	if got := e.sendTo(t, udp); got != beA {
 		t.Fatalf("went to %v", got)
 	}
@@ -204,11 +204,11 @@ func TestConntrackExpiry(t *testing.T) {
 func TestConntrackListDelete(t *testing.T) {
 	e := ctEnv(t)
 	for i := range 50 {
-		e.sendTo(t, pkt{src: client4, dst: vip4, sport: uint16(5000 + i), dport: 80})
+		e.sendTo(t, pktgen.Packet{Src: client4, Dst: vip4, SrcPort: uint16(5000 + i), DstPort: 80})
 	}
 	e.setTable(t, 1, []uint32{2}, 31)
 	for i := range 30 {
-		e.sendTo(t, pkt{src: client4, dst: vip4, sport: uint16(6000 + i), dport: 80})
+		e.sendTo(t, pktgen.Packet{Src: client4, Dst: vip4, SrcPort: uint16(6000 + i), DstPort: 80})
 	}
 	count := map[uint32]int{}
 	if err := e.d.Conntrack(func(c CTEntry) bool { count[c.BackendID]++; return true }); err != nil {
@@ -221,7 +221,7 @@ func TestConntrackListDelete(t *testing.T) {
 	if err != nil || n != 50 {
 		t.Fatalf("delete by backend: %d, %v", n, err)
 	}
-	flows := []Flow{flowOf(pkt{src: client4, dst: vip4, sport: 6000, dport: 80}), flowOf(pkt{src: client4, dst: vip4, sport: 9999, dport: 80})}
+	flows := []Flow{flowOf(pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 6000, DstPort: 80}), flowOf(pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 9999, DstPort: 80})}
 	if n, err := e.d.DeleteConntrack(flows); err != nil || n != 1 {
 		t.Fatalf("delete by flow: %d, %v (one of two exists)", n, err)
 	}

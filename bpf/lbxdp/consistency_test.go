@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"testing"
+
+	"github.com/lbd-dev/lbd/internal/pktgen"
 )
 
 // TestTwoInstancesAgree: two independently loaded datapaths, given the same
@@ -65,21 +67,21 @@ func TestTwoInstancesAgree(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	frames := make([][]byte, 100000)
 	for i := range frames {
-		p := pkt{sport: uint16(1024 + rng.IntN(64000)), tcpFlags: tcpSYN}
+		p := pktgen.Packet{SrcPort: uint16(1024 + rng.IntN(64000)), Flags: pktgen.SYN}
 		switch rng.IntN(3) {
 		case 0:
-			p.src, p.dst, p.dport = netip.AddrFrom4([4]byte{198, 18, byte(128 + rng.IntN(128)), byte(rng.IntN(256))}), vip4, 80
+			p.Src, p.Dst, p.DstPort = netip.AddrFrom4([4]byte{198, 18, byte(128 + rng.IntN(128)), byte(rng.IntN(256))}), vip4, 80
 		case 1:
-			p.src, p.dst, p.dport, p.proto = netip.AddrFrom4([4]byte{198, 19, byte(rng.IntN(256)), byte(rng.IntN(256))}), vip4, 53, ProtoUDP
+			p.Src, p.Dst, p.DstPort, p.Proto = netip.AddrFrom4([4]byte{198, 19, byte(rng.IntN(256)), byte(rng.IntN(256))}), vip4, 53, ProtoUDP
 		default:
 			var a16 [16]byte
 			copy(a16[:], netip.MustParseAddr("2001:db8:200::").AsSlice())
 			for j := 8; j < 16; j++ {
 				a16[j] = byte(rng.IntN(256))
 			}
-			p.src, p.dst, p.dport = netip.AddrFrom16(a16), vip6, 443
+			p.Src, p.Dst, p.DstPort = netip.AddrFrom16(a16), vip6, 443
 		}
-		frames[i] = p.build(t)
+		frames[i] = p.Frame()
 	}
 
 	choose := func(d *Datapath, frame []byte) string {
@@ -90,7 +92,7 @@ func TestTwoInstancesAgree(t *testing.T) {
 		if v != XDPTx {
 			t.Fatalf("verdict %v", v)
 		}
-		return innerDst(decodeEncap(t, out)).String()
+		return backendOf(t, out).String()
 	}
 	var differ, otherSeed int
 	perBackend := map[string]int{}

@@ -5,15 +5,17 @@ package lbxdp
 import (
 	"bytes"
 	"testing"
+
+	"github.com/lbd-dev/lbd/internal/pktgen"
 )
 
 // TestCounters: per-service and per-backend packets, bytes and new flows, and
 // per-reason drops, summed over CPUs.
 func TestCounters(t *testing.T) {
 	e := ctEnv(t)
-	syn := pkt{src: client4, dst: vip4, sport: 100, dport: 80}
-	ack := pkt{src: client4, dst: vip4, sport: 100, dport: 80, tcpFlags: tcpACK, payload: 60}
-	other := pkt{src: client4, dst: vip4, sport: 101, dport: 80}
+	syn := pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 100, DstPort: 80}
+	ack := pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 100, DstPort: 80, Flags: pktgen.ACK, Payload: pktgen.Bytes(60)}
+	other := pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 101, DstPort: 80}
 	e.sendTo(t, syn)
 	e.sendTo(t, ack)
 	e.sendTo(t, ack)
@@ -33,7 +35,7 @@ func TestCounters(t *testing.T) {
 	if c, _ := e.d.BackendCounters(2); c != (Counters{}) {
 		t.Errorf("unused backend counted %+v", c)
 	}
-	e.expectDrop(t, pkt{src: client4, dst: vip4, sport: 1, dport: 80, payload: 2}.build(t)[:30], DropMalformed)
+	e.expectDrop(t, pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 1, DstPort: 80, Payload: pktgen.Bytes(2)}.Frame()[:30], DropMalformed)
 	if err := e.d.ResetServiceCounters(1); err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +51,7 @@ func TestCounters(t *testing.T) {
 // without touching conntrack, affinity or counters.
 func TestTrace(t *testing.T) {
 	e := ctEnv(t)
-	frame := pkt{src: client4, dst: vip4, sport: 555, dport: 80}.build(t)
+	frame := pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 555, DstPort: 80}.Frame()
 	var v Verdict
 	var out []byte
 	var err error
@@ -57,10 +59,10 @@ func TestTrace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v != XDPTx || innerDst(decodeEncap(t, out)) != beA {
-		t.Fatalf("trace: %v to %v", v, innerDst(decodeEncap(t, out)))
+	if v != XDPTx || backendOf(t, out) != beA {
+		t.Fatalf("trace: %v to %v", v, backendOf(t, out))
 	}
-	if _, ok, _ := e.d.ConntrackLookup(flowOf(pkt{src: client4, dst: vip4, sport: 555, dport: 80})); ok {
+	if _, ok, _ := e.d.ConntrackLookup(flowOf(pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 555, DstPort: 80})); ok {
 		t.Error("trace created a conntrack entry")
 	}
 	if c, _ := e.d.ServiceCounters(1); c != (Counters{}) {

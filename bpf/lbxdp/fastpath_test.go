@@ -4,13 +4,11 @@ package lbxdp
 
 import (
 	"bytes"
-	"encoding/binary"
 	"net/netip"
 	"testing"
 
 	"github.com/cilium/ebpf"
-	"github.com/gopacket/gopacket"
-	"github.com/gopacket/gopacket/layers"
+	"github.com/lbd-dev/lbd/internal/pktgen"
 	"github.com/lbd-dev/lbd/internal/testnet"
 )
 
@@ -58,24 +56,24 @@ func TestVIPFilter(t *testing.T) {
 		}
 	}
 
-	for _, p := range []pkt{
-		{src: client4, dst: vip4, sport: 3000, dport: 80},
-		{src: client6, dst: vip6, sport: 3000, dport: 80},
+	for _, p := range []pktgen.Packet{
+		{Src: client4, Dst: vip4, SrcPort: 3000, DstPort: 80},
+		{Src: client6, Dst: vip6, SrcPort: 3000, DstPort: 80},
 	} {
 		var only lbxdpLbVipBitmap
-		b := bucketOf(p.dst)
+		b := bucketOf(p.Dst)
 		if err := e.d.objs.LbVipFilter.Update(uint32(0), &only, ebpf.UpdateAny); err != nil {
 			t.Fatal(err)
 		}
-		if v, _ := e.run(t, p.build(t)); v != XDPPass {
-			t.Errorf("%v with an empty filter: verdict %v, want XDP_PASS", p.dst, v)
+		if v, _ := e.run(t, p.Frame()); v != XDPPass {
+			t.Errorf("%v with an empty filter: verdict %v, want XDP_PASS", p.Dst, v)
 		}
 		only.Bits[b>>3] = 1 << (b & 7)
 		if err := e.d.objs.LbVipFilter.Update(uint32(0), &only, ebpf.UpdateAny); err != nil {
 			t.Fatal(err)
 		}
-		if v, _ := e.run(t, p.build(t)); v != XDPTx {
-			t.Errorf("%v with only its bucket set (%d): verdict %v, want XDP_TX", p.dst, b, v)
+		if v, _ := e.run(t, p.Frame()); v != XDPTx {
+			t.Errorf("%v with only its bucket set (%d): verdict %v, want XDP_TX", p.Dst, b, v)
 		}
 	}
 	if err := e.d.rebuildIndexes(); err != nil {
@@ -93,21 +91,16 @@ func TestVIPFilter(t *testing.T) {
 	if !twin.IsValid() {
 		t.Fatal("no address of 198.18.0.0/15 shares vip4's bucket")
 	}
-	badTCP := pkt{src: client4, dst: twin, sport: 1, dport: 80}.build(t)
-	badTCP[14+20+12] = 0x40 // data offset 4
-	frag := pkt{src: client4, dst: twin, sport: 1, dport: 80, payload: 40}.build(t)
-	binary.BigEndian.PutUint16(frag[14+6:], 0x2000) // MF: a first fragment
-	frag[14+10], frag[14+11] = 0, 0
-	ipc := &layers.IPv4{Version: 4, IHL: 5, TTL: 64, Protocol: layers.IPProtocolICMPv4, SrcIP: client4.AsSlice(), DstIP: twin.AsSlice()}
-	icmp := serialize(t, &layers.Ethernet{SrcMAC: clientMAC, DstMAC: nhMAC, EthernetType: layers.EthernetTypeIPv4}, ipc,
-		&layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(layers.ICMPv4TypeDestinationUnreachable, 3)},
-		gopacket.Payload([]byte{0x45, 0}))
+	syn := pktgen.Packet{Src: client4, Dst: twin, SrcPort: 1, DstPort: 80}
+	frag := syn
+	frag.Payload, frag.Fragment = pktgen.Bytes(40), &pktgen.Fragment{More: true} // a first fragment
 	before := e.drops(t)
 	for name, f := range map[string][]byte{
-		"syn":           pkt{src: client4, dst: twin, sport: 1, dport: 80}.build(t),
-		"malformed tcp": badTCP,
-		"fragment":      frag,
-		"short icmp":    icmp,
+		"syn":           syn.Frame(),
+		"malformed tcp": pktgen.Edit(syn.Frame(), func(b []byte, at pktgen.Offsets) { b[at.L4+12] = 0x40 }), // data offset 4
+		"fragment":      frag.Frame(),
+		"short icmp": pktgen.Packet{Src: client4, Dst: twin, Proto: pktgen.ProtoICMPv4, ICMPType: 3, ICMPCode: 3,
+			Payload: []byte{0x45, 0}}.Frame(),
 	} {
 		if v, out := e.run(t, f); v != XDPPass || !bytes.Equal(out, f) {
 			t.Errorf("%s to %v (a VIP's bucket): verdict %v, modified %v; want XDP_PASS, untouched", name, twin, v, !bytes.Equal(out, f))
@@ -140,59 +133,39 @@ func equalDrops(a, b map[DropReason]Counters) bool {
 func TestServiceShortcut(t *testing.T) {
 	t.Run("service deleted", func(t *testing.T) {
 		e := ctEnv(t)
-		syn := pkt{src: client4, dst: vip4, sport: 4000, dport: 80}
-		ack := syn
-		ack.tcpFlags = tcpACK
+		syn := pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 4000, DstPort: 80}
 		e.sendTo(t, syn)
 		if err := e.d.DeleteService(ServiceKey{vip4, 80, ProtoTCP}); err != nil {
 			t.Fatal(err)
 		}
-		if v, _ := e.run(t, ack.build(t)); v != XDPPass {
+		if v, _ := e.run(t, ackOf(syn).Frame()); v != XDPPass {
 			t.Errorf("established flow of a deleted service: verdict %v, want XDP_PASS", v)
 		}
 	})
 	t.Run("service replaced under a new ID", func(t *testing.T) {
 		e := ctEnv(t)
-		syn := pkt{src: client4, dst: vip4, sport: 4001, dport: 80}
-		ack := syn
-		ack.tcpFlags = tcpACK
-		if got := e.sendTo(t, syn); got != beA {
-			t.Fatalf("went to %v", got)
-		}
-		if err := e.d.UpsertService(ServiceKey{vip4, 80, ProtoTCP}, Service{ID: 7}); err != nil {
-			t.Fatal(err)
-		}
-		e.setTable(t, 7, []uint32{2}, 31)
-		if got := e.sendTo(t, ack); got != beA {
-			t.Errorf("established flow moved to %v when its service got a new ID", got)
-		}
-		if c, err := e.d.ServiceCounters(7); err != nil || c.Packets != 1 {
-			t.Errorf("new service ID counted %+v (%v), want 1 packet", c, err)
-		}
+		keepsBackend(t, e, pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 4001, DstPort: 80}, ServiceKey{vip4, 80, ProtoTCP}, 7)
 	})
 	t.Run("service moved to another port", func(t *testing.T) {
 		e := ctEnv(t)
-		syn := pkt{src: client4, dst: vip4, sport: 4002, dport: 80}
-		ack := syn
-		ack.tcpFlags = tcpACK
+		syn := pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 4002, DstPort: 80}
 		e.sendTo(t, syn)
 		// As the daemon does: the new key first, then the old one goes.
 		if err := e.d.UpsertService(ServiceKey{vip4, 8080, ProtoTCP}, Service{ID: 1}); err != nil {
 			t.Fatal(err)
 		}
-		if got := e.sendTo(t, ack); got != beA {
+		if got := e.sendTo(t, ackOf(syn)); got != beA {
 			t.Errorf("while both keys exist: went to %v", got)
 		}
 		if err := e.d.DeleteService(ServiceKey{vip4, 80, ProtoTCP}); err != nil {
 			t.Fatal(err)
 		}
-		if v, _ := e.run(t, ack.build(t)); v != XDPPass {
+		if v, _ := e.run(t, ackOf(syn).Frame()); v != XDPPass {
 			t.Errorf("flow to the old port: verdict %v, want XDP_PASS", v)
 		}
-		moved := pkt{src: client4, dst: vip4, sport: 4002, dport: 8080}
+		moved := pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 4002, DstPort: 8080}
 		e.sendTo(t, moved)
-		moved.tcpFlags = tcpACK
-		if got := e.sendTo(t, moved); got != beA {
+		if got := e.sendTo(t, ackOf(moved)); got != beA {
 			t.Errorf("flow to the new port went to %v", got)
 		}
 	})
@@ -202,40 +175,42 @@ func TestServiceShortcut(t *testing.T) {
 			t.Fatal(err)
 		}
 		e.setTable(t, 5, []uint32{1}, 31)
-		syn := pkt{src: client4, dst: vip4b, sport: 4003, dport: 443}
-		ack := syn
-		ack.tcpFlags = tcpACK
-		if got := e.sendTo(t, syn); got != beA {
-			t.Fatalf("went to %v", got)
-		}
-		if err := e.d.UpsertService(ServiceKey{vip4b, 443, ProtoTCP}, Service{ID: 6}); err != nil {
-			t.Fatal(err)
-		}
-		e.setTable(t, 6, []uint32{2}, 31)
-		if got := e.sendTo(t, ack); got != beA {
-			t.Errorf("established flow moved to %v", got)
-		}
-		if c, err := e.d.ServiceCounters(6); err != nil || c.Packets != 1 {
-			t.Errorf("exact service counted %+v (%v), want the packet", c, err)
-		}
+		keepsBackend(t, e, pktgen.Packet{Src: client4, Dst: vip4b, SrcPort: 4003, DstPort: 443}, ServiceKey{vip4b, 443, ProtoTCP}, 6)
 	})
 	t.Run("source ranges enabled", func(t *testing.T) {
 		e := ctEnv(t)
-		syn := pkt{src: client4, dst: vip4, sport: 4004, dport: 80}
-		ack := syn
-		ack.tcpFlags = tcpACK
+		syn := pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 4004, DstPort: 80}
 		e.sendTo(t, syn)
 		if err := e.d.UpsertService(ServiceKey{vip4, 80, ProtoTCP}, Service{ID: 1, SourceRanges: true}); err != nil {
 			t.Fatal(err)
 		}
-		e.expectDrop(t, ack.build(t), DropSourceRange)
+		e.expectDrop(t, ackOf(syn).Frame(), DropSourceRange)
 		if err := e.d.AddSourceRange(1, netip.PrefixFrom(client4, 32)); err != nil {
 			t.Fatal(err)
 		}
-		if got := e.sendTo(t, ack); got != beA {
+		if got := e.sendTo(t, ackOf(syn)); got != beA {
 			t.Errorf("allowed established flow went to %v", got)
 		}
 	})
+}
+
+// keepsBackend: a flow that syn starts on backend A stays there when key gets a
+// service of a new ID whose table holds only B, and that service counts it.
+func keepsBackend(t *testing.T, e *env, syn pktgen.Packet, key ServiceKey, id uint32) {
+	t.Helper()
+	if got := e.sendTo(t, syn); got != beA {
+		t.Fatalf("went to %v", got)
+	}
+	if err := e.d.UpsertService(key, Service{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	e.setTable(t, id, []uint32{2}, 31)
+	if got := e.sendTo(t, ackOf(syn)); got != beA {
+		t.Errorf("established flow moved to %v when %v got service ID %d", got, key, id)
+	}
+	if c, err := e.d.ServiceCounters(id); err != nil || c.Packets != 1 {
+		t.Errorf("service ID %d counted %+v (%v), want the packet", id, c, err)
+	}
 }
 
 // TestConntrackHash: an entry keeps the flow hash, so that later packets get
@@ -243,17 +218,15 @@ func TestServiceShortcut(t *testing.T) {
 // without one (restored from user space) gets the port from the packet.
 func TestConntrackHash(t *testing.T) {
 	e := ctEnv(t)
-	for _, syn := range []pkt{
-		{src: client4, dst: vip4, sport: 5000, dport: 80},
-		{src: client6, dst: vip6, sport: 5000, dport: 80},
+	for _, syn := range []pktgen.Packet{
+		{Src: client4, Dst: vip4, SrcPort: 5000, DstPort: 80},
+		{Src: client6, Dst: vip6, SrcPort: 5000, DstPort: 80},
 	} {
-		ack := syn
-		ack.tcpFlags = tcpACK
-		v, out := e.run(t, syn.build(t))
+		v, out := e.run(t, syn.Frame())
 		if v != XDPTx {
 			t.Fatalf("verdict %v", v)
 		}
-		port := decodeEncap(t, out).udp.SrcPort
+		port := pktgen.DecodeGeneve(t, out).UDP.SrcPort
 		k, err := flowOf(syn).raw()
 		if err != nil {
 			t.Fatal(err)
@@ -263,18 +236,18 @@ func TestConntrackHash(t *testing.T) {
 			t.Fatal(err)
 		}
 		if raw.Hash == 0 || uint16(32768+raw.Hash%32768) != uint16(port) {
-			t.Errorf("%v: entry hash %#x, outer source port %d", syn.dst, raw.Hash, port)
+			t.Errorf("%v: entry hash %#x, outer source port %d", syn.Dst, raw.Hash, port)
 		}
 		raw.Hash = 0
 		if err := e.d.objs.LbConntrack.Update(&k, &raw, ebpf.UpdateExist); err != nil {
 			t.Fatal(err)
 		}
-		v, out = e.run(t, ack.build(t))
+		v, out = e.run(t, ackOf(syn).Frame())
 		if v != XDPTx {
 			t.Fatalf("verdict %v", v)
 		}
-		if got := decodeEncap(t, out).udp.SrcPort; got != port {
-			t.Errorf("%v: entry without hash: outer source port %d, want %d", syn.dst, got, port)
+		if got := pktgen.DecodeGeneve(t, out).UDP.SrcPort; got != port {
+			t.Errorf("%v: entry without hash: outer source port %d, want %d", syn.Dst, got, port)
 		}
 	}
 }
@@ -314,7 +287,7 @@ func TestIndexesRebuilt(t *testing.T) {
 		t.Errorf("service index entry %+v (%v)", se, err)
 	}
 	e.d = d2
-	if got := e.sendTo(t, pkt{src: client4, dst: vip4, sport: 6000, dport: 80}); got != beA {
+	if got := e.sendTo(t, pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 6000, DstPort: 80}); got != beA {
 		t.Errorf("went to %v", got)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"encoding/binary"
 	"net/netip"
 	"testing"
+
+	"github.com/lbd-dev/lbd/internal/pktgen"
 )
 
 // fuzzServices are the services of the fuzz environment (encapEnv's).
@@ -108,18 +110,18 @@ func wellFormedForVIP(b []byte) bool {
 func FuzzDatapath(f *testing.F) {
 	e := encapEnv(f)
 	seeds := [][]byte{
-		pkt{src: client4, dst: vip4, sport: 1, dport: 80, payload: 10}.build(f),
-		pkt{src: client4, dst: vip4, sport: 1, dport: 53, proto: ProtoUDP, payload: 3}.build(f),
-		pkt{src: client4, dst: vip4b, sport: 1, dport: 22, vlan: 4}.build(f),
-		pkt{src: client4, dst: vip4, sport: 1, dport: 80, ipOptions: true}.build(f),
-		pkt{src: client6, dst: vip6, sport: 1, dport: 81, extHdr: true}.build(f),
-		pkt{src: client6, dst: vip6, sport: 1, dport: 53, proto: ProtoUDP}.build(f),
-		pkt{src: client4, dst: vip4, sport: 1, dport: 82, df: true, payload: 1450}.build(f),
-		pkt{src: client4, dst: vip4, sport: 1, dport: 8000}.build(f),
-		icmpError(f, vip4, client4, 80, 40000, 3, 4, 1280, 28),
-		icmpError(f, vip6, client6, 80, 40000, 2, 0, 1280, 48),
-		arpFrame(f),
-		echoFrame(f, client4, vip4),
+		pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 1, DstPort: 80, Payload: pktgen.Bytes(10)}.Frame(),
+		pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 1, DstPort: 53, Proto: ProtoUDP, Payload: pktgen.Bytes(3)}.Frame(),
+		pktgen.Packet{Src: client4, Dst: vip4b, SrcPort: 1, DstPort: 22, VLAN: 4}.Frame(),
+		pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 1, DstPort: 80, IPOptions: nops}.Frame(),
+		pktgen.Packet{Src: client6, Dst: vip6, SrcPort: 1, DstPort: 81, HopByHop: true}.Frame(),
+		pktgen.Packet{Src: client6, Dst: vip6, SrcPort: 1, DstPort: 53, Proto: ProtoUDP}.Frame(),
+		pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 1, DstPort: 82, DF: true, Payload: pktgen.Bytes(1450)}.Frame(),
+		pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 1, DstPort: 8000}.Frame(),
+		icmpError(vip4, client4, 80, 40000, 3, 4, 1280, 28),
+		icmpError(vip6, client6, 80, 40000, 2, 0, 1280, 48),
+		pktgen.ARPRequest(clientMAC, client4, vip4),
+		echoFrame(client4, vip4),
 	}
 	for _, s := range seeds {
 		f.Add(s)

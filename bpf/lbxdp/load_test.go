@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/lbd-dev/lbd/internal/pktgen"
 	"github.com/lbd-dev/lbd/internal/testnet"
 )
 
@@ -74,8 +75,8 @@ func TestLargeConntrack(t *testing.T) {
 	e := &env{topo: tp, d: d}
 	e.addBackend(t, 1, "198.18.20.1", 80, "198.18.10.1")
 	e.addService(t, svcSetup{ServiceKey{vip4, 80, ProtoTCP}, Service{ID: 1}, []uint32{1}})
-	e.sendTo(t, pkt{src: client4, dst: vip4, sport: 1, dport: 80})
-	if _, ok, err := d.ConntrackLookup(flowOf(pkt{src: client4, dst: vip4, sport: 1, dport: 80})); !ok || err != nil {
+	e.sendTo(t, pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 1, DstPort: 80})
+	if _, ok, err := d.ConntrackLookup(flowOf(pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 1, DstPort: 80})); !ok || err != nil {
 		t.Errorf("flow not tracked: %v", err)
 	}
 }

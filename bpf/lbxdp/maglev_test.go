@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/dgryski/go-maglev"
+	"github.com/lbd-dev/lbd/internal/pktgen"
 )
 
 // buildTable builds a Maglev table the way the daemon does: sorted backend
@@ -129,7 +130,7 @@ func TestMaglevDatapath(t *testing.T) {
 	t.Run("five-tuple spreads ports", func(t *testing.T) {
 		seen := map[netip.Addr]int{}
 		for i := range 400 {
-			seen[e.sendTo(t, pkt{src: client4, dst: vip4, sport: uint16(10000 + i), dport: 80})]++
+			seen[e.sendTo(t, pktgen.Packet{Src: client4, Dst: vip4, SrcPort: uint16(10000 + i), DstPort: 80})]++
 		}
 		for _, n := range seen {
 			if len(seen) != 4 || n < 50 {
@@ -141,9 +142,9 @@ func TestMaglevDatapath(t *testing.T) {
 		clients := map[netip.Addr]bool{}
 		for c := range 40 {
 			src := netip.AddrFrom4([4]byte{198, 18, 201, byte(c + 1)})
-			first := e.sendTo(t, pkt{src: src, dst: vip4, sport: 10000, dport: 81})
+			first := e.sendTo(t, pktgen.Packet{Src: src, Dst: vip4, SrcPort: 10000, DstPort: 81})
 			for i := 1; i < 10; i++ {
-				if got := e.sendTo(t, pkt{src: src, dst: vip4, sport: uint16(10000 + i*7), dport: 81}); got != first {
+				if got := e.sendTo(t, pktgen.Packet{Src: src, Dst: vip4, SrcPort: uint16(10000 + i*7), DstPort: 81}); got != first {
 					t.Fatalf("client %v: port %d went to %v, first flow to %v", src, 10000+i*7, got, first)
 				}
 			}
@@ -156,7 +157,7 @@ func TestMaglevDatapath(t *testing.T) {
 	t.Run("swap to a smaller table", func(t *testing.T) {
 		e.setTable(t, 1, []uint32{3}, 7)
 		for i := range 20 {
-			if got := e.sendTo(t, pkt{src: client4, dst: vip4, sport: uint16(30000 + i), dport: 80}); got != netip.MustParseAddr("198.18.20.3") {
+			if got := e.sendTo(t, pktgen.Packet{Src: client4, Dst: vip4, SrcPort: uint16(30000 + i), DstPort: 80}); got != netip.MustParseAddr("198.18.20.3") {
 				t.Fatalf("new flow went to %v after swapping in a one-backend table", got)
 			}
 		}

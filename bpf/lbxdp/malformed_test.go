@@ -4,45 +4,48 @@ package lbxdp
 
 import (
 	"encoding/binary"
+	"net/netip"
 	"testing"
+
+	"github.com/lbd-dev/lbd/internal/pktgen"
 )
 
 // TestMalformed: frames whose headers are truncated or inconsistent are
 // dropped and counted, never forwarded.
 func TestMalformed(t *testing.T) {
 	e := encapEnv(t)
-	tcp4 := func() []byte { return pkt{src: client4, dst: vip4, sport: 7, dport: 80, payload: 20}.build(t) }
-	tcp6 := func() []byte { return pkt{src: client6, dst: vip6, sport: 7, dport: 81, payload: 20}.build(t) }
-	udp4 := func() []byte {
-		return pkt{src: client4, dst: vip4, sport: 7, dport: 53, proto: ProtoUDP, payload: 20}.build(t)
-	}
-	udp6 := func() []byte {
-		return pkt{src: client6, dst: vip6, sport: 7, dport: 53, proto: ProtoUDP, payload: 20}.build(t)
-	}
-	mod := func(b []byte, f func([]byte)) []byte { f(b); return b }
+	tcp4 := pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 7, DstPort: 80, Payload: pktgen.Bytes(20)}
+	tcp6 := pktgen.Packet{Src: client6, Dst: vip6, SrcPort: 7, DstPort: 81, Payload: pktgen.Bytes(20)}
+	udp4, udp6 := tcp4, tcp6
+	udp4.Proto, udp4.DstPort, udp6.Proto, udp6.DstPort = ProtoUDP, 53, ProtoUDP, 53
+	hbh6 := pktgen.Packet{Src: client6, Dst: vip6, SrcPort: 7, DstPort: 81, HopByHop: true}
+	at4, at6 := pktgen.Locate(tcp4.Frame()), pktgen.Locate(tcp6.Frame())
+	edit := func(p pktgen.Packet, f func(b []byte, at pktgen.Offsets)) []byte { return pktgen.Edit(p.Frame(), f) }
+	put16 := binary.BigEndian.PutUint16
+	udp6.NoUDPChecksum = true
 	cases := []struct {
 		name  string
 		frame []byte
 	}{
-		{"ethernet only, ipv4 type", mod(tcp4()[:14], func([]byte) {})},
-		{"vlan tag cut", mod(pkt{src: client4, dst: vip4, sport: 7, dport: 80, vlan: 3}.build(t)[:16], func([]byte) {})},
-		{"ipv4 header cut", tcp4()[:14+12]},
-		{"ipv4 version 5", mod(tcp4(), func(b []byte) { b[14] = 0x55 })},
-		{"ipv4 ihl 4", mod(tcp4(), func(b []byte) { b[14] = 0x44 })},
-		{"ipv4 total length beyond frame", mod(tcp4(), func(b []byte) { binary.BigEndian.PutUint16(b[16:], 1500) })},
-		{"ipv4 total length below header", mod(tcp4(), func(b []byte) { binary.BigEndian.PutUint16(b[16:], 16) })},
-		{"ipv4 ihl beyond total length", mod(tcp4(), func(b []byte) { b[14] = 0x4f; binary.BigEndian.PutUint16(b[16:], 40) })},
-		{"tcp header cut", mod(tcp4()[:14+20+12], func(b []byte) { binary.BigEndian.PutUint16(b[16:], 32) })},
-		{"tcp data offset 4", mod(tcp4(), func(b []byte) { b[14+20+12] = 0x40 })},
-		{"tcp data offset beyond packet", mod(tcp4(), func(b []byte) { b[14+20+12] = 0xf0 })},
-		{"udp length beyond packet", mod(udp4(), func(b []byte) { binary.BigEndian.PutUint16(b[14+20+4:], 200) })},
-		{"udp length below header", mod(udp4(), func(b []byte) { binary.BigEndian.PutUint16(b[14+20+4:], 4) })},
-		{"udp6 without checksum", mod(udp6(), func(b []byte) { b[14+40+6], b[14+40+7] = 0, 0 })},
-		{"ipv6 header cut", tcp6()[:14+30]},
-		{"ipv6 version 4", mod(tcp6(), func(b []byte) { b[14] = 0x40 })},
-		{"ipv6 payload beyond frame", mod(tcp6(), func(b []byte) { binary.BigEndian.PutUint16(b[18:], 900) })},
-		{"ipv6 hop-by-hop beyond payload", mod(pkt{src: client6, dst: vip6, sport: 7, dport: 81, extHdr: true}.build(t), func(b []byte) { b[14+41] = 20 })},
-		{"tcp6 header cut", mod(tcp6()[:14+40+8], func(b []byte) { binary.BigEndian.PutUint16(b[18:], 8) })},
+		{"ethernet only, ipv4 type", tcp4.Frame()[:at4.L3]},
+		{"vlan tag cut", pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 7, DstPort: 80, VLAN: 3}.Frame()[:16]},
+		{"ipv4 header cut", tcp4.Frame()[:at4.L3+12]},
+		{"ipv4 version 5", edit(tcp4, func(b []byte, at pktgen.Offsets) { b[at.L3] = 0x55 })},
+		{"ipv4 ihl 4", edit(tcp4, func(b []byte, at pktgen.Offsets) { b[at.L3] = 0x44 })},
+		{"ipv4 total length beyond frame", edit(tcp4, func(b []byte, at pktgen.Offsets) { put16(b[at.L3+2:], 1500) })},
+		{"ipv4 total length below header", edit(tcp4, func(b []byte, at pktgen.Offsets) { put16(b[at.L3+2:], 16) })},
+		{"ipv4 ihl beyond total length", edit(tcp4, func(b []byte, at pktgen.Offsets) { b[at.L3] = 0x4f; put16(b[at.L3+2:], 40) })},
+		{"tcp header cut", edit(tcp4, func(b []byte, at pktgen.Offsets) { put16(b[at.L3+2:], 32) })[:at4.L4+12]},
+		{"tcp data offset 4", edit(tcp4, func(b []byte, at pktgen.Offsets) { b[at.L4+12] = 0x40 })},
+		{"tcp data offset beyond packet", edit(tcp4, func(b []byte, at pktgen.Offsets) { b[at.L4+12] = 0xf0 })},
+		{"udp length beyond packet", edit(udp4, func(b []byte, at pktgen.Offsets) { put16(b[at.L4+4:], 200) })},
+		{"udp length below header", edit(udp4, func(b []byte, at pktgen.Offsets) { put16(b[at.L4+4:], 4) })},
+		{"udp6 without checksum", udp6.Frame()},
+		{"ipv6 header cut", tcp6.Frame()[:at6.L3+30]},
+		{"ipv6 version 4", edit(tcp6, func(b []byte, at pktgen.Offsets) { b[at.L3] = 0x40 })},
+		{"ipv6 payload beyond frame", edit(tcp6, func(b []byte, at pktgen.Offsets) { put16(b[at.L3+4:], 900) })},
+		{"ipv6 hop-by-hop beyond payload", edit(hbh6, func(b []byte, at pktgen.Offsets) { b[at.L3+40+1] = 20 })},
+		{"tcp6 header cut", edit(tcp6, func(b []byte, at pktgen.Offsets) { put16(b[at.L3+4:], 8) })[:at6.L4+8]},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -56,58 +59,40 @@ func TestMalformed(t *testing.T) {
 // traffic pass; an IPv6 atomic fragment is a whole packet (RFC 6946).
 func TestFragments(t *testing.T) {
 	e := encapEnv(t)
-	frag6 := func(dst bool, offset uint16, more bool) []byte {
-		b := pkt{src: client6, dst: vip6, sport: 9, dport: 81, payload: 16}.build(t)
-		if !dst {
-			copy(b[14+24:], client6.AsSlice())
-		}
-		fo := offset << 3
-		if more {
-			fo |= 1
-		}
-		fh := []byte{b[14+6], 0, byte(fo >> 8), byte(fo), 0, 0, 0, 1}
-		b[14+6] = 44
-		binary.BigEndian.PutUint16(b[14+4:], binary.BigEndian.Uint16(b[14+4:])+8)
-		return append(b[:14+40], append(fh, b[14+40:]...)...)
-	}
-	frag4 := func(flags uint16, vip bool) []byte {
-		b := pkt{src: client4, dst: vip4, sport: 9, dport: 80, payload: 16}.build(t)
-		if !vip {
-			copy(b[14+16:], client4.AsSlice())
-		}
-		binary.BigEndian.PutUint16(b[14+6:], flags)
-		return b
+	frag := func(src, dst netip.Addr, dport, offset uint16, more bool) []byte {
+		return pktgen.Packet{Src: src, Dst: dst, SrcPort: 9, DstPort: dport, Payload: pktgen.Bytes(16),
+			Fragment: &pktgen.Fragment{Offset: offset, More: more}}.Frame()
 	}
 	drops := []struct {
 		name  string
 		frame []byte
 	}{
-		{"ipv4 first fragment", frag4(0x2000, true)},
-		{"ipv4 later fragment", frag4(0x0010, true)},
-		{"ipv4 last fragment", frag4(0x0020, true)},
-		{"ipv6 first fragment", frag6(true, 0, true)},
-		{"ipv6 later fragment", frag6(true, 185, false)},
+		{"ipv4 first fragment", frag(client4, vip4, 80, 0, true)},
+		{"ipv4 later fragment", frag(client4, vip4, 80, 16, false)},
+		{"ipv4 last fragment", frag(client4, vip4, 80, 32, false)},
+		{"ipv6 first fragment", frag(client6, vip6, 81, 0, true)},
+		{"ipv6 later fragment", frag(client6, vip6, 81, 185, false)},
 	}
 	for _, c := range drops {
 		t.Run(c.name, func(t *testing.T) { e.expectDrop(t, c.frame, DropFragment) })
 	}
 	t.Run("ipv4 fragment of other traffic passes", func(t *testing.T) {
-		if v, _ := e.run(t, frag4(0x2000, false)); v != XDPPass {
+		if v, _ := e.run(t, frag(client4, client4, 80, 0, true)); v != XDPPass {
 			t.Errorf("verdict %v", v)
 		}
 	})
 	t.Run("ipv6 fragment of other traffic passes", func(t *testing.T) {
-		if v, _ := e.run(t, frag6(false, 3, true)); v != XDPPass {
+		if v, _ := e.run(t, frag(client6, client6, 81, 3, true)); v != XDPPass {
 			t.Errorf("verdict %v", v)
 		}
 	})
 	t.Run("ipv6 atomic fragment is forwarded", func(t *testing.T) {
-		v, out := e.run(t, frag6(true, 0, false))
+		v, out := e.run(t, frag(client6, vip6, 81, 0, false))
 		if v != XDPTx {
 			t.Fatalf("verdict %v", v)
 		}
-		if d := decodeEncap(t, out); innerDst(d).String() != "2001:db8:20::5" {
-			t.Errorf("went to %v", innerDst(d))
+		if got := backendOf(t, out); got.String() != "2001:db8:20::5" {
+			t.Errorf("went to %v", got)
 		}
 	})
 }
@@ -124,7 +109,7 @@ func TestFIBFailure(t *testing.T) {
 		e.addService(t, svcSetup{ServiceKey{vip4, uint16(80 + i), ProtoTCP}, Service{ID: i}, []uint32{i}})
 	}
 	for i := uint32(1); i <= 4; i++ {
-		e.expectDrop(t, pkt{src: client4, dst: vip4, sport: 1, dport: uint16(80 + i)}.build(t), DropFIB)
+		e.expectDrop(t, pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 1, DstPort: uint16(80 + i)}.Frame(), DropFIB)
 	}
 }
 
@@ -139,19 +124,19 @@ func TestFIBSource(t *testing.T) {
 	e.addBackend(t, 2, "2001:db8:20::2", 8080, "2001:db8:11::2")
 	e.addService(t, svcSetup{ServiceKey{vip4, 80, ProtoTCP}, Service{ID: 1}, []uint32{1}})
 	e.addService(t, svcSetup{ServiceKey{vip6, 80, ProtoTCP}, Service{ID: 2}, []uint32{2}})
-	v, out := e.run(t, pkt{src: client4, dst: vip4, sport: 1, dport: 80}.build(t))
+	v, out := e.run(t, pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 1, DstPort: 80}.Frame())
 	if v != XDPRedirect {
 		t.Fatalf("verdict %v", v)
 	}
-	if d := decodeEncap(t, out); addrOf(d.outer4.SrcIP).String() != "198.18.1.1" {
-		t.Errorf("outer source %v, want lbC's 198.18.1.1", d.outer4.SrcIP)
+	if src := pktgen.DecodeGeneve(t, out).Src(); src.String() != "198.18.1.1" {
+		t.Errorf("outer source %v, want lbC's 198.18.1.1", src)
 	}
-	v, out = e.run(t, pkt{src: client6, dst: vip6, sport: 1, dport: 80}.build(t))
+	v, out = e.run(t, pktgen.Packet{Src: client6, Dst: vip6, SrcPort: 1, DstPort: 80}.Frame())
 	if v != XDPRedirect {
 		t.Fatalf("verdict %v", v)
 	}
-	if d := decodeEncap(t, out); addrOf(d.outer6.SrcIP).String() != "2001:db8:1::1" {
-		t.Errorf("outer source %v, want lbC's 2001:db8:1::1", d.outer6.SrcIP)
+	if src := pktgen.DecodeGeneve(t, out).Src(); src.String() != "2001:db8:1::1" {
+		t.Errorf("outer source %v, want lbC's 2001:db8:1::1", src)
 	}
 }
 
@@ -161,10 +146,10 @@ func TestRouteCache(t *testing.T) {
 	e := newEnv(t)
 	e.addBackend(t, 1, "198.18.20.1", 8080, "198.18.10.1")
 	e.addService(t, svcSetup{ServiceKey{vip4, 80, ProtoTCP}, Service{ID: 1}, []uint32{1}})
-	frame := pkt{src: client4, dst: vip4, sport: 1, dport: 80}.build(t)
+	frame := pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 1, DstPort: 80}.Frame()
 	_, out := e.run(t, frame)
-	if d := decodeEncap(t, out); d.outerEth.DstMAC.String() != nhMAC.String() {
-		t.Fatalf("next hop %v", d.outerEth.DstMAC)
+	if d := pktgen.DecodeGeneve(t, out); d.Eth.DstMAC.String() != nhMAC.String() {
+		t.Fatalf("next hop %v", d.Eth.DstMAC)
 	}
 	routes, err := e.d.CachedRoutes(1)
 	if err != nil || len(routes) != 1 || routes[0].DstMAC.String() != nhMAC.String() || routes[0].Egress != e.ifA ||
@@ -181,8 +166,8 @@ func TestRouteCache(t *testing.T) {
 		t.Errorf("after flush: %+v", routes)
 	}
 	_, out = e.run(t, frame)
-	if d := decodeEncap(t, out); d.outerEth.DstMAC.String() != newMAC {
-		t.Errorf("after a neighbour change and a flush: next hop %v, want %s", d.outerEth.DstMAC, newMAC)
+	if d := pktgen.DecodeGeneve(t, out); d.Eth.DstMAC.String() != newMAC {
+		t.Errorf("after a neighbour change and a flush: next hop %v, want %s", d.Eth.DstMAC, newMAC)
 	}
 
 	e.ns.IP(t, "route del 198.18.10.0/24")

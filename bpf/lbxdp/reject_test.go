@@ -3,9 +3,10 @@
 package lbxdp
 
 import (
-	"bytes"
 	"encoding/binary"
 	"testing"
+
+	"github.com/lbd-dev/lbd/internal/pktgen"
 )
 
 // TestReject: new flows to a service without a usable backend are answered
@@ -21,106 +22,71 @@ func TestReject(t *testing.T) {
 	// A table whose only backend was deleted rejects too.
 	e.addService(t, svcSetup{ServiceKey{vip4, 82, ProtoTCP}, Service{ID: 6}, []uint32{42}})
 
-	tcpCases := []struct {
-		name     string
-		p        pkt
-		flags    uint8
-		seq, ack uint32
-	}{
-		{"tcp4 syn", pkt{src: client4, dst: vip4, sport: 1111, dport: 80}, tcpRST | tcpACK, 0, 1001},
-		{"tcp4 ack with data", pkt{src: client4, dst: vip4, sport: 1112, dport: 80, tcpFlags: tcpACK | tcpPSH, payload: 10}, tcpRST, 5000, 0},
-		{"tcp4 fin without ack", pkt{src: client4, dst: vip4, sport: 1113, dport: 80, tcpFlags: tcpFIN, payload: 3}, tcpRST | tcpACK, 0, 1004},
-		{"tcp4 syn with ip options", pkt{src: client4, dst: vip4, sport: 1114, dport: 80, ipOptions: true}, tcpRST | tcpACK, 0, 1001},
-		{"tcp4 syn vlan", pkt{src: client4, dst: vip4, sport: 1115, dport: 80, vlan: 5}, tcpRST | tcpACK, 0, 1001},
-		{"tcp4 dangling backend", pkt{src: client4, dst: vip4, sport: 1116, dport: 82}, tcpRST | tcpACK, 0, 1001},
-		{"tcp6 syn", pkt{src: client6, dst: vip6, sport: 1117, dport: 80}, tcpRST | tcpACK, 0, 1001},
-		{"tcp6 syn hop-by-hop", pkt{src: client6, dst: vip6, sport: 1118, dport: 80, extHdr: true, payload: 20}, tcpRST | tcpACK, 0, 1021},
-	}
-	for _, c := range tcpCases {
-		t.Run(c.name, func(t *testing.T) {
-			in := c.p.build(t)
-			before := e.drops(t)[DropRejected].Packets
-			v, out := e.run(t, in)
-			if v != XDPTx {
-				t.Fatalf("verdict %v, want XDP_TX of a RST", v)
-			}
-			checkRST(t, c.p, in, out, c.flags, c.seq, c.ack)
-			if after := e.drops(t)[DropRejected].Packets; after != before+1 {
-				t.Errorf("rejected counter %d -> %d", before, after)
-			}
-		})
-	}
-	udpCases := []struct {
-		name string
-		p    pkt
-		typ  uint8
-		code uint8
-	}{
-		{"udp4", pkt{src: client4, dst: vip4, sport: 2222, dport: 53, proto: ProtoUDP, payload: 30}, 3, 3},
-		{"udp4 large quote capped", pkt{src: client4, dst: vip4, sport: 2223, dport: 53, proto: ProtoUDP, payload: 500}, 3, 3},
-		{"udp6", pkt{src: client6, dst: vip6, sport: 2224, dport: 53, proto: ProtoUDP, payload: 30}, 1, 4},
-		{"udp6 vlan", pkt{src: client6, dst: vip6, sport: 2225, dport: 53, proto: ProtoUDP, payload: 1, vlan: 12}, 1, 4},
-	}
-	for _, c := range udpCases {
-		t.Run(c.name, func(t *testing.T) {
-			in := c.p.build(t)
-			v, out := e.run(t, in)
-			if v != XDPTx {
-				t.Fatalf("verdict %v, want XDP_TX of an ICMP error", v)
-			}
-			checkICMPReply(t, c.p, in, out, c.typ, c.code, 0)
-		})
-	}
-	t.Run("rst is not answered", func(t *testing.T) {
-		v, _ := e.run(t, pkt{src: client4, dst: vip4, sport: 3333, dport: 80, tcpFlags: tcpRST}.build(t))
-		if v != XDPDrop {
-			t.Fatalf("verdict %v, want XDP_DROP", v)
-		}
-	})
-	t.Run("drop option", func(t *testing.T) {
-		e.expectDrop(t, pkt{src: client4, dst: vip4, sport: 4444, dport: 81}.build(t), DropNoBackend)
+	const rstAck = pktgen.RST | pktgen.ACK
+	e.runCases(t, []pktgen.Case[caseEnv, Verdict]{
+		{Name: "tcp4 syn", In: pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 1111, DstPort: 80}.Frame(),
+			Verdict: XDPTx, Check: rst(rstAck, 0, 1001)},
+		{Name: "tcp4 ack with data", In: pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 1112, DstPort: 80, Flags: pktgen.ACK | pktgen.PSH,
+			Payload: pktgen.Bytes(10)}.Frame(), Verdict: XDPTx, Check: rst(pktgen.RST, 5000, 0)},
+		{Name: "tcp4 fin without ack", In: pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 1113, DstPort: 80, Flags: pktgen.FIN,
+			Payload: pktgen.Bytes(3)}.Frame(), Verdict: XDPTx, Check: rst(rstAck, 0, 1004)},
+		{Name: "tcp4 syn with ip options", In: pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 1114, DstPort: 80, IPOptions: nops}.Frame(),
+			Verdict: XDPTx, Check: rst(rstAck, 0, 1001)},
+		{Name: "tcp4 syn vlan", In: pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 1115, DstPort: 80, VLAN: 5}.Frame(),
+			Verdict: XDPTx, Check: rst(rstAck, 0, 1001)},
+		{Name: "tcp4 dangling backend", In: pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 1116, DstPort: 82}.Frame(),
+			Verdict: XDPTx, Check: rst(rstAck, 0, 1001)},
+		{Name: "tcp6 syn", In: pktgen.Packet{Src: client6, Dst: vip6, SrcPort: 1117, DstPort: 80}.Frame(),
+			Verdict: XDPTx, Check: rst(rstAck, 0, 1001)},
+		{Name: "tcp6 syn hop-by-hop", In: pktgen.Packet{Src: client6, Dst: vip6, SrcPort: 1118, DstPort: 80, HopByHop: true,
+			Payload: pktgen.Bytes(20)}.Frame(), Verdict: XDPTx, Check: rst(rstAck, 0, 1021)},
+		{Name: "udp4", In: pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 2222, DstPort: 53, Proto: ProtoUDP,
+			Payload: pktgen.Bytes(30)}.Frame(), Verdict: XDPTx, Check: icmpReply(3, 3, 0)},
+		{Name: "udp4 large quote capped", In: pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 2223, DstPort: 53, Proto: ProtoUDP,
+			Payload: pktgen.Bytes(500)}.Frame(), Verdict: XDPTx, Check: icmpReply(3, 3, 0)},
+		{Name: "udp6", In: pktgen.Packet{Src: client6, Dst: vip6, SrcPort: 2224, DstPort: 53, Proto: ProtoUDP,
+			Payload: pktgen.Bytes(30)}.Frame(), Verdict: XDPTx, Check: icmpReply(1, 4, 0)},
+		{Name: "udp6 vlan", In: pktgen.Packet{Src: client6, Dst: vip6, SrcPort: 2225, DstPort: 53, Proto: ProtoUDP,
+			Payload: pktgen.Bytes(1), VLAN: 12}.Frame(), Verdict: XDPTx, Check: icmpReply(1, 4, 0)},
+		{Name: "rst is not answered", In: pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 3333, DstPort: 80, Flags: pktgen.RST}.Frame(),
+			Verdict: XDPDrop},
+		{Name: "drop option", In: pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 4444, DstPort: 81}.Frame(),
+			Verdict: XDPDrop, Check: counted(DropNoBackend)},
 	})
 }
 
-// checkRST verifies a TCP reset sent by the program, checksums recomputed.
-func checkRST(t *testing.T, p pkt, in, out []byte, flags uint8, seq, ack uint32) {
-	t.Helper()
-	l3 := 14
-	if p.vlan != 0 {
-		l3 = 18
-		if !bytes.Equal(out[12:18], in[12:18]) {
-			t.Errorf("VLAN tag not kept")
+// rst checks a TCP reset sent by the program (counted as rejected): back on the
+// link, from the VIP's port to the client's, with these flags and numbers, no
+// options, checksums recomputed here.
+func rst(flags pktgen.TCPFlags, seq, ack uint32) check {
+	return counted(DropRejected, func(t *testing.T, _ caseEnv, in, out []byte) {
+		t.Helper()
+		l3 := replyLink(t, in, out)
+		din, d := pktgen.Decode(t, in), pktgen.Decode(t, out)
+		ipb := out[l3:]
+		var tcp []byte
+		if din.IPv4 != nil {
+			if len(ipb) != 40 || ipb[0] != 0x45 || ipb[9] != 6 || binary.BigEndian.Uint16(ipb[2:]) != 40 {
+				t.Fatalf("RST IPv4 header % x (len %d)", ipb[:20], len(ipb))
+			}
+			tcp = ipb[20:]
+		} else {
+			if len(ipb) != 60 || ipb[6] != 6 || binary.BigEndian.Uint16(ipb[4:]) != 20 {
+				t.Fatalf("RST IPv6 header % x (len %d)", ipb[:40], len(ipb))
+			}
+			tcp = ipb[40:]
 		}
-	}
-	if !bytes.Equal(out[0:6], in[6:12]) || !bytes.Equal(out[6:12], in[0:6]) {
-		t.Error("reply MACs not swapped")
-	}
-	ipb := out[l3:]
-	var tcp []byte
-	if p.src.Is4() {
-		if len(ipb) != 40 || ipb[0] != 0x45 || ipb[9] != 6 || binary.BigEndian.Uint16(ipb[2:]) != 40 || !ipv4HeaderOK(ipb[:20]) {
-			t.Fatalf("RST IPv4 header % x (len %d)", ipb[:20], len(ipb))
+		if d.Src() != din.Dst() || d.Dst() != din.Src() {
+			t.Errorf("RST addresses %v -> %v", d.Src(), d.Dst())
 		}
-		if addrFromBytes(ipb[12:16]) != p.dst || addrFromBytes(ipb[16:20]) != p.src {
-			t.Errorf("RST addresses wrong")
+		if d.TCP.SrcPort != din.TCP.DstPort || d.TCP.DstPort != din.TCP.SrcPort {
+			t.Errorf("RST ports %d -> %d", d.TCP.SrcPort, d.TCP.DstPort)
 		}
-		tcp = ipb[20:]
-	} else {
-		if len(ipb) != 60 || ipb[6] != 6 || binary.BigEndian.Uint16(ipb[4:]) != 20 {
-			t.Fatalf("RST IPv6 header % x (len %d)", ipb[:40], len(ipb))
+		if pktgen.TCPFlags(tcp[13]) != flags || binary.BigEndian.Uint32(tcp[4:]) != seq || binary.BigEndian.Uint32(tcp[8:]) != ack || tcp[12] != 0x50 {
+			t.Errorf("RST flags %#x seq %d ack %d, want %#x %d %d", tcp[13], binary.BigEndian.Uint32(tcp[4:]), binary.BigEndian.Uint32(tcp[8:]), flags, seq, ack)
 		}
-		if addrFromBytes(ipb[8:24]) != p.dst || addrFromBytes(ipb[24:40]) != p.src {
-			t.Errorf("RST addresses wrong")
+		if err := pktgen.VerifyIP(ipb); err != nil {
+			t.Errorf("RST: %v", err)
 		}
-		tcp = ipb[40:]
-	}
-	if binary.BigEndian.Uint16(tcp) != p.dport || binary.BigEndian.Uint16(tcp[2:]) != p.sport {
-		t.Errorf("RST ports %d -> %d", binary.BigEndian.Uint16(tcp), binary.BigEndian.Uint16(tcp[2:]))
-	}
-	if tcp[13] != flags || binary.BigEndian.Uint32(tcp[4:]) != seq || binary.BigEndian.Uint32(tcp[8:]) != ack || tcp[12] != 0x50 {
-		t.Errorf("RST flags %#x seq %d ack %d, want %#x %d %d", tcp[13], binary.BigEndian.Uint32(tcp[4:]), binary.BigEndian.Uint32(tcp[8:]), flags, seq, ack)
-	}
-	if !l4SumOK(p.dst, p.src, ProtoTCP, tcp) {
-		t.Error("RST checksum does not verify")
-	}
+	})
 }

@@ -3,44 +3,21 @@
 package lbxdp
 
 import (
-	"bytes"
+	"encoding/binary"
 	"net/netip"
 	"testing"
 
-	"github.com/gopacket/gopacket"
-	"github.com/gopacket/gopacket/layers"
+	"github.com/lbd-dev/lbd/internal/pktgen"
 )
 
-func serialize(tb testing.TB, ls ...gopacket.SerializableLayer) []byte {
-	tb.Helper()
-	buf := gopacket.NewSerializeBuffer()
-	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, ls...); err != nil {
-		tb.Fatal(err)
-	}
-	return buf.Bytes()
-}
-
-func arpFrame(tb testing.TB) []byte {
-	return serialize(tb,
-		&layers.Ethernet{SrcMAC: clientMAC, DstMAC: layers.EthernetBroadcast, EthernetType: layers.EthernetTypeARP},
-		&layers.ARP{AddrType: layers.LinkTypeEthernet, Protocol: layers.EthernetTypeIPv4, HwAddressSize: 6, ProtAddressSize: 4,
-			Operation: layers.ARPRequest, SourceHwAddress: clientMAC, SourceProtAddress: client4.AsSlice(),
-			DstHwAddress: make([]byte, 6), DstProtAddress: vip4.AsSlice()})
-}
-
-func echoFrame(tb testing.TB, src, dst netip.Addr) []byte {
+// echoFrame is an ICMP echo request (IPv4) or a neighbour solicitation (IPv6):
+// traffic to an address that is no service's.
+func echoFrame(src, dst netip.Addr) []byte {
 	if src.Is4() {
-		return serialize(tb,
-			&layers.Ethernet{SrcMAC: clientMAC, DstMAC: nhMAC, EthernetType: layers.EthernetTypeIPv4},
-			&layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolICMPv4, SrcIP: src.AsSlice(), DstIP: dst.AsSlice()},
-			&layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(layers.ICMPv4TypeEchoRequest, 0), Id: 1, Seq: 1},
-			gopacket.Payload([]byte("ping")))
+		return pktgen.Packet{Src: src, Dst: dst, TTL: 64, Proto: pktgen.ProtoICMPv4, ICMPType: 8, ICMPRest: 1<<16 | 1,
+			Payload: []byte("ping")}.Frame()
 	}
-	ip := &layers.IPv6{Version: 6, HopLimit: 64, NextHeader: layers.IPProtocolICMPv6, SrcIP: src.AsSlice(), DstIP: dst.AsSlice()}
-	icmp := &layers.ICMPv6{TypeCode: layers.CreateICMPv6TypeCode(layers.ICMPv6TypeNeighborSolicitation, 0)}
-	_ = icmp.SetNetworkLayerForChecksum(ip)
-	return serialize(tb, &layers.Ethernet{SrcMAC: clientMAC, DstMAC: nhMAC, EthernetType: layers.EthernetTypeIPv6}, ip, icmp,
-		gopacket.Payload(append(make([]byte, 4), dst.AsSlice()...)))
+	return pktgen.Packet{Src: src, Dst: dst, TTL: 64, Proto: pktgen.ProtoICMPv6, ICMPType: 135, Payload: dst.AsSlice()}.Frame()
 }
 
 // TestPass: traffic that is not for a configured VIP service leaves untouched.
@@ -48,36 +25,25 @@ func TestPass(t *testing.T) {
 	e := encapEnv(t)
 	other4 := netip.MustParseAddr("203.0.113.99")
 	other6 := netip.MustParseAddr("2001:db8:f00::99")
-	truncatedTCP := pkt{src: client4, dst: other4, sport: 1, dport: 80}.build(t)[:14+20+10]
-	truncatedTCP[14+3] = 30 // IPv4 total length: header + 10 bytes
-	truncatedTCP[14+10], truncatedTCP[14+11] = 0, 0
-	cases := []struct {
-		name  string
-		frame []byte
-	}{
-		{"arp", arpFrame(t)},
-		{"tcp4 to another address", pkt{src: client4, dst: other4, sport: 1234, dport: 80}.build(t)},
-		{"udp6 to another address", pkt{src: client6, dst: other6, sport: 1234, dport: 53, proto: ProtoUDP}.build(t)},
-		{"vip port without service", pkt{src: client4, dst: vip4, sport: 1234, dport: 8081}.build(t)},
-		{"vip6 port without service", pkt{src: client6, dst: vip6, sport: 1234, dport: 8081}.build(t)},
-		{"udp to a tcp-only port", pkt{src: client4, dst: vip4, sport: 1234, dport: 80, proto: ProtoUDP}.build(t)},
-		{"udp to a tcp wildcard vip", pkt{src: client4, dst: vip4b, sport: 1234, dport: 80, proto: ProtoUDP}.build(t)},
-		{"icmp echo to vip", echoFrame(t, client4, vip4)},
-		{"neighbour solicitation to vip6", echoFrame(t, client6, vip6)},
-		{"truncated tcp to another address", truncatedTCP},
-		{"tcp4 from the vip", pkt{src: vip4, dst: client4, sport: 80, dport: 1234}.build(t)},
+	truncatedTCP := pktgen.Edit(pktgen.Packet{Src: client4, Dst: other4, SrcPort: 1, DstPort: 80}.Frame(), func(b []byte, at pktgen.Offsets) {
+		binary.BigEndian.PutUint16(b[at.L3+2:], 20+10) // IPv4 total length: header + 10 bytes
+	})[:14+20+10]
+	pass := func(name string, frame []byte) pktgen.Case[caseEnv, Verdict] {
+		return pktgen.Case[caseEnv, Verdict]{Name: name, In: frame, Verdict: XDPPass, Check: unchanged}
 	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			v, out := e.run(t, c.frame)
-			if v != XDPPass {
-				t.Fatalf("verdict %v, want XDP_PASS", v)
-			}
-			if !bytes.Equal(out, c.frame) {
-				t.Fatal("passed frame was modified")
-			}
-		})
-	}
+	e.runCases(t, []pktgen.Case[caseEnv, Verdict]{
+		pass("arp", pktgen.ARPRequest(clientMAC, client4, vip4)),
+		pass("tcp4 to another address", pktgen.Packet{Src: client4, Dst: other4, SrcPort: 1234, DstPort: 80}.Frame()),
+		pass("udp6 to another address", pktgen.Packet{Src: client6, Dst: other6, SrcPort: 1234, DstPort: 53, Proto: ProtoUDP}.Frame()),
+		pass("vip port without service", pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 1234, DstPort: 8081}.Frame()),
+		pass("vip6 port without service", pktgen.Packet{Src: client6, Dst: vip6, SrcPort: 1234, DstPort: 8081}.Frame()),
+		pass("udp to a tcp-only port", pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 1234, DstPort: 80, Proto: ProtoUDP}.Frame()),
+		pass("udp to a tcp wildcard vip", pktgen.Packet{Src: client4, Dst: vip4b, SrcPort: 1234, DstPort: 80, Proto: ProtoUDP}.Frame()),
+		pass("icmp echo to vip", echoFrame(client4, vip4)),
+		pass("neighbour solicitation to vip6", echoFrame(client6, vip6)),
+		pass("truncated tcp to another address", truncatedTCP),
+		pass("tcp4 from the vip", pktgen.Packet{Src: vip4, Dst: client4, SrcPort: 80, DstPort: 1234}.Frame()),
+	})
 }
 
 // TestWildcardPort: a port-0 service takes every port of its VIP and
@@ -100,29 +66,29 @@ func TestWildcardPort(t *testing.T) {
 		{443, "198.18.20.8", 9000},
 	}
 	for _, c := range cases {
-		v, out := e.run(t, pkt{src: client4, dst: vip4b, sport: 5555, dport: c.port}.build(t))
+		v, out := e.run(t, pktgen.Packet{Src: client4, Dst: vip4b, SrcPort: 5555, DstPort: c.port}.Frame())
 		if v != XDPTx {
 			t.Fatalf("port %d: verdict %v", c.port, v)
 		}
-		d := decodeEncap(t, out)
-		if innerDst(d) != netip.MustParseAddr(c.backend) || uint16(d.tcp.DstPort) != c.bport {
-			t.Errorf("port %d went to %v:%d, want %s:%d", c.port, innerDst(d), d.tcp.DstPort, c.backend, c.bport)
+		d := pktgen.DecodeGeneve(t, out).Inner
+		if d.Dst() != netip.MustParseAddr(c.backend) || uint16(d.TCP.DstPort) != c.bport {
+			t.Errorf("port %d went to %v:%d, want %s:%d", c.port, d.Dst(), d.TCP.DstPort, c.backend, c.bport)
 		}
 	}
 
 	if err := e.d.DeleteService(ServiceKey{vip4b, 0, ProtoTCP}); err != nil {
 		t.Fatal(err)
 	}
-	if v, _ := e.run(t, pkt{src: client4, dst: vip4b, sport: 5556, dport: 22}.build(t)); v != XDPPass {
+	if v, _ := e.run(t, pktgen.Packet{Src: client4, Dst: vip4b, SrcPort: 5556, DstPort: 22}.Frame()); v != XDPPass {
 		t.Errorf("after deleting the wildcard service: verdict %v, want XDP_PASS", v)
 	}
-	if v, _ := e.run(t, pkt{src: client4, dst: vip4b, sport: 5556, dport: 443}.build(t)); v != XDPTx {
+	if v, _ := e.run(t, pktgen.Packet{Src: client4, Dst: vip4b, SrcPort: 5556, DstPort: 443}.Frame()); v != XDPTx {
 		t.Errorf("exact service after wildcard deletion: verdict %v, want XDP_TX", v)
 	}
 	if err := e.d.DeleteService(exact); err != nil {
 		t.Fatal(err)
 	}
-	if v, _ := e.run(t, pkt{src: client4, dst: vip4b, sport: 5557, dport: 443}.build(t)); v != XDPPass {
+	if v, _ := e.run(t, pktgen.Packet{Src: client4, Dst: vip4b, SrcPort: 5557, DstPort: 443}.Frame()); v != XDPPass {
 		t.Errorf("after deleting every service of the VIP: verdict %v, want XDP_PASS", v)
 	}
 	svcs, err := e.d.Services()

@@ -5,6 +5,8 @@ package lbxdp
 import (
 	"net/netip"
 	"testing"
+
+	"github.com/lbd-dev/lbd/internal/pktgen"
 )
 
 // TestSourceRanges: a service with source ranges lets in clients from its
@@ -45,7 +47,7 @@ func TestSourceRanges(t *testing.T) {
 	}
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			frame := pkt{src: netip.MustParseAddr(c.src), dst: c.vip, sport: uint16(1000 + i), dport: c.port}.build(t)
+			frame := pktgen.Packet{Src: netip.MustParseAddr(c.src), Dst: c.vip, SrcPort: uint16(1000 + i), DstPort: c.port}.Frame()
 			if !c.allow {
 				e.expectDrop(t, frame, DropSourceRange)
 				return
@@ -65,5 +67,5 @@ func TestSourceRanges(t *testing.T) {
 	if err := e.d.DeleteSourceRange(1, netip.MustParsePrefix("198.18.200.0/24")); err != nil {
 		t.Fatal(err)
 	}
-	e.expectDrop(t, pkt{src: client4, dst: vip4, sport: 999, dport: 80}.build(t), DropSourceRange)
+	e.expectDrop(t, pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 999, DstPort: 80}.Frame(), DropSourceRange)
 }

@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
+
+	"github.com/lbd-dev/lbd/internal/pktgen"
 )
 
 // TestUpdateMaglevTableInPlace changes a table through its inactive half several times:
@@ -42,7 +44,7 @@ func TestUpdateMaglevTableInPlace(t *testing.T) {
 		t.Helper()
 		for range 30 {
 			port++
-			if got := e.sendTo(t, pkt{src: client4, dst: vip4, sport: port, dport: 80}); got != netip.MustParseAddr(want) {
+			if got := e.sendTo(t, pktgen.Packet{Src: client4, Dst: vip4, SrcPort: port, DstPort: 80}); got != netip.MustParseAddr(want) {
 				t.Fatalf("new flow went to %v, want %s", got, want)
 			}
 		}
@@ -68,7 +70,7 @@ func TestUpdateMaglevTableInPlace(t *testing.T) {
 	seen := map[netip.Addr]bool{}
 	for range 100 {
 		port++
-		seen[e.sendTo(t, pkt{src: client4, dst: vip4, sport: port, dport: 80})] = true
+		seen[e.sendTo(t, pktgen.Packet{Src: client4, Dst: vip4, SrcPort: port, DstPort: 80})] = true
 	}
 	if len(seen) != 2 {
 		t.Fatalf("a table of two backends sent 100 flows to %v", seen)
