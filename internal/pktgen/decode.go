@@ -70,7 +70,7 @@ type Decoded struct {
 // layer does not decode.
 func Decode(tb testing.TB, frame []byte) *Decoded {
 	tb.Helper()
-	d := decode(frame)
+	d := Parse(frame)
 	if el := d.Packet.ErrorLayer(); el != nil && !appFailure(d.Packet) {
 		tb.Fatalf("decode: %v\n%s", el.Error(), d.Packet.Dump())
 	}
@@ -84,13 +84,14 @@ func appFailure(p gopacket.Packet) bool {
 	if len(ls) < 2 {
 		return false
 	}
-	switch l := ls[len(ls)-2].(type) {
-	case *layers.TCP:
-		return true
-	case *layers.UDP:
-		return l.DstPort != GenevePort
-	}
-	return false
+	udp, ok := ls[len(ls)-2].(*layers.UDP)
+	return ok && !failed(ls, len(ls)-2) && udp.DstPort != GenevePort
+}
+
+// failed reports whether layer i of ls failed to decode: gopacket keeps a transport
+// layer that did, empty, before the failure.
+func failed(ls []gopacket.Layer, i int) bool {
+	return i+1 < len(ls) && ls[i+1].LayerType() == gopacket.LayerTypeDecodeFailure && len(ls[i].LayerContents()) == 0
 }
 
 // DecodeGeneve is Decode for a frame that must be Geneve with an inner frame.
@@ -103,12 +104,27 @@ func DecodeGeneve(tb testing.TB, frame []byte) *Decoded {
 	return d
 }
 
-func decode(frame []byte) *Decoded { return decodeFrom(frame, layers.LayerTypeEthernet) }
+// Parse decodes what it can of an Ethernet frame, a capture cut short for one: a layer
+// that does not decode is in Packet.ErrorLayer, and the layers before it are set.
+func Parse(frame []byte) *Decoded { return parse(frame, layers.LayerTypeEthernet) }
 
-func decodeFrom(b []byte, first gopacket.Decoder) *Decoded {
+// ParseIP is Parse for an IP packet without Ethernet header, such as the quote of an
+// ICMP error.
+func ParseIP(ip []byte) *Decoded {
+	if len(ip) > 0 && ip[0]>>4 == 6 {
+		return parse(ip, layers.LayerTypeIPv6)
+	}
+	return parse(ip, layers.LayerTypeIPv4)
+}
+
+func parse(b []byte, first gopacket.Decoder) *Decoded {
 	d := &Decoded{Packet: gopacket.NewPacket(b, first, gopacket.Default)}
 	l := &d.Layers
-	for _, layer := range d.Packet.Layers() {
+	ls := d.Packet.Layers()
+	for i, layer := range ls {
+		if failed(ls, i) {
+			break
+		}
 		switch layer := layer.(type) {
 		case *layers.Ethernet:
 			l.Eth = layer
@@ -148,7 +164,7 @@ func Diff(want, got []byte) string {
 		return ""
 	}
 	var b strings.Builder
-	wl, gl := decode(want).Packet.Layers(), decode(got).Packet.Layers()
+	wl, gl := Parse(want).Packet.Layers(), Parse(got).Packet.Layers()
 	for i := range max(len(wl), len(gl)) {
 		switch {
 		case i >= len(wl):

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"net"
 	"net/netip"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -352,6 +353,23 @@ type recorder struct {
 
 func (r *recorder) Errorf(string, ...any) { r.failed = true }
 
+// Fatalf ends the goroutine, as testing's does: call it through fails.
+func (r *recorder) Fatalf(string, ...any) { r.failed = true; runtime.Goexit() }
+
+func (r *recorder) Helper() {}
+
+// fails reports whether fn fails the test it is given.
+func fails(t *testing.T, fn func(tb testing.TB)) bool {
+	rec := &recorder{TB: t}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		fn(rec)
+	}()
+	<-done
+	return rec.failed
+}
+
 func TestARPRequest(t *testing.T) {
 	mac := net.HardwareAddr{2, 0, 0, 0, 0, 9}
 	d := Decode(t, ARPRequest(mac, c4, v4))
@@ -397,5 +415,28 @@ func TestRun(t *testing.T) {
 	}})
 	if got := strings.Join(steps, " "); got != "setup context in check" {
 		t.Errorf("steps %q", got)
+	}
+}
+
+// TestParse: a frame cut short, as a capture keeps it, gives the layers before the
+// cut; a quote of an IP packet decodes as IP.
+func TestParse(t *testing.T) {
+	p := Packet{Src: c6, Dst: v6, SrcPort: 1, DstPort: 2, Payload: Bytes(100)}
+	d := Parse(p.Frame()[:14+40+10])
+	if d.Packet.ErrorLayer() == nil || d.IPv6 == nil || d.Dst() != v6 || d.TCP != nil {
+		t.Errorf("cut frame: %v", d.Packet)
+	}
+	q := ParseIP(Packet{Src: c4, Dst: v4, SrcPort: 1, DstPort: 2}.IP()[:28])
+	if q.IPv4 == nil || q.Src() != c4 || q.Dst() != v4 {
+		t.Errorf("quote: %v", q.Packet)
+	}
+	// Decode fails on a cut transport header, not on a payload that gopacket takes
+	// for DNS.
+	if !fails(t, func(tb testing.TB) { Decode(tb, p.Frame()[:14+40+10]) }) {
+		t.Error("Decode passed a cut TCP header")
+	}
+	dns := Packet{Src: c4, Dst: v4, SrcPort: 1, DstPort: 53, Proto: ProtoUDP, Payload: Bytes(3)}
+	if fails(t, func(tb testing.TB) { Decode(tb, dns.Frame()) }) {
+		t.Error("Decode failed a UDP payload to port 53")
 	}
 }
