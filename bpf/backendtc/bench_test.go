@@ -9,6 +9,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"github.com/lbd-dev/lbd/internal/pktgen"
 )
 
 // emptyProgram is the baseline: a tc program that only returns TCX_NEXT, so the
@@ -61,7 +62,7 @@ func benchPackets(b *testing.B, prog *ebpf.Program, frame []byte, want uint32, a
 
 func BenchmarkIngress(b *testing.B) {
 	d := newDatapath(b)
-	frame := v4Encap(dsrOpt(vipV4)).frame(b, tcpSyn.request(b))
+	frame := v4Encap(pktgen.DSROption(vipV4)).Frame(tcpSyn.request())
 	key, err := natKey(NATKey{Proto: ProtoTCP, Backend: backendV4, Client: clientV4})
 	if err != nil {
 		b.Fatal(err)
@@ -81,25 +82,24 @@ func BenchmarkIngress(b *testing.B) {
 		benchPackets(b, d.IngressProgram(), frame, verdictNext, nil)
 	})
 	b.Run("non-matching-pass", func(b *testing.B) {
-		plain := ethFrame(lbMAC, nodeMAC, tcpSyn.request(b))
+		plain := pktgen.Packet{SrcMAC: lbMAC, DstMAC: nodeMAC}.Wrap(tcpSyn.request())
 		benchPackets(b, d.IngressProgram(), plain, verdictNext, nil)
 	})
 }
 
 func BenchmarkEgress(b *testing.B) {
 	d := newDatapath(b)
-	ack := tcpFlags{ACK: true}
-	f := flow{proto: tcpSyn.proto, client: clientV4, backend: backendV4, flags: ack,
+	f := flow{proto: tcpSyn.proto, client: clientV4, backend: backendV4, flags: pktgen.ACK,
 		payload: make([]byte, 100)}
-	if v, _ := run(b, d.IngressProgram(), v4Encap(dsrOpt(vipV4)).frame(b, f.request(b))); v != verdictNext {
+	if v, _ := run(b, d.IngressProgram(), v4Encap(pktgen.DSROption(vipV4)).Frame(f.request())); v != verdictNext {
 		b.Fatalf("verdict %#x", v)
 	}
 	b.Run("SNAT-hit", func(b *testing.B) {
-		benchPackets(b, d.EgressProgram(), f.reply(b), verdictNext, nil)
+		benchPackets(b, d.EgressProgram(), f.reply(f.backend).Frame(), verdictNext, nil)
 	})
 	b.Run("non-matching-pass", func(b *testing.B) {
 		other := f
 		other.client = netip.AddrPortFrom(f.client.Addr(), f.client.Port()+1)
-		benchPackets(b, d.EgressProgram(), other.reply(b), verdictNext, nil)
+		benchPackets(b, d.EgressProgram(), other.reply(other.backend).Frame(), verdictNext, nil)
 	})
 }

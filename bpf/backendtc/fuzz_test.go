@@ -8,7 +8,7 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/cilium/ebpf"
+	"github.com/lbd-dev/lbd/internal/pktgen"
 	"golang.org/x/sys/unix"
 )
 
@@ -172,21 +172,16 @@ func refIngress(frame []byte, allowed []netip.Prefix, vni uint32) (refEntry, boo
 // the reference parser says the frame is well-formed Geneve from an allowed source,
 // and that the entry is the one the frame describes.
 func FuzzIngressNAT(f *testing.F) {
-	for _, tc := range ingressCases(f) {
-		inner := tc.inner
-		if inner == nil {
-			inner = tc.flow.request(f)
-		}
-		f.Add(tc.encap.frame(f, inner))
+	for _, tc := range ingressCases() {
+		f.Add(tc.In)
 	}
-	f.Add(v4Encap(dsrOpt(vipV4)).frame(f, udpReq.request(f))[:60])
-	f.Add(v6Encap(dsrOpt(vipV4)).frame(f, tcpSyn.request(f)))
+	f.Add(v4Encap(pktgen.DSROption(vipV4)).Frame(udpReq.request())[:60])
+	f.Add(v6Encap(pktgen.DSROption(vipV4)).Frame(tcpSyn.request()))
 
 	d := newDatapath(f)
 	allowed := []netip.Prefix{allowedV4, allowedV6}
 	f.Fuzz(func(t *testing.T, frame []byte) {
-		opts := ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+512)}
-		if _, err := d.IngressProgram().Run(&opts); errors.Is(err, unix.EINVAL) {
+		if _, _, err := (pktgen.Prog{Program: d.IngressProgram()}).Try(frame); errors.Is(err, unix.EINVAL) {
 			// BPF_PROG_TEST_RUN refuses some frames (shorter than an Ethernet
 			// header, an IPv4 EtherType without a full IPv4 header, larger than a
 			// page) before the program runs.

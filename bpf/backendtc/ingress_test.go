@@ -9,187 +9,131 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gopacket/gopacket"
-	"github.com/gopacket/gopacket/layers"
-	"github.com/lbd-dev/lbd/internal/testnet"
+	"github.com/lbd-dev/lbd/internal/pktgen"
 )
 
 var (
-	tcpSyn = flow{proto: layers.IPProtocolTCP, client: clientV4, backend: backendV4,
-		flags: tcpFlags{SYN: true}}
-	udpReq = flow{proto: layers.IPProtocolUDP, client: clientV4, backend: backendV4,
-		payload: []byte("query")}
-	tcpSyn6 = flow{proto: layers.IPProtocolTCP, client: clientV6, backend: backendV6,
-		flags: tcpFlags{SYN: true}}
-	udpReq6 = flow{proto: layers.IPProtocolUDP, client: clientV6, backend: backendV6,
-		payload: []byte("query6")}
+	tcpSyn  = flow{proto: pktgen.ProtoTCP, client: clientV4, backend: backendV4, flags: pktgen.SYN}
+	udpReq  = flow{proto: pktgen.ProtoUDP, client: clientV4, backend: backendV4, payload: []byte("query")}
+	tcpSyn6 = flow{proto: pktgen.ProtoTCP, client: clientV6, backend: backendV6, flags: pktgen.SYN}
+	udpReq6 = flow{proto: pktgen.ProtoUDP, client: clientV6, backend: backendV6, payload: []byte("query6")}
 )
 
-func v4Encap(opts ...[]byte) encap {
-	return encap{src: lbV4, dst: nodeV4, vni: 2, opts: bytes.Join(opts, nil)}
-}
+// ingressCase is a frame in, the state it meets, the verdict and what the frame must
+// leave behind: the frame out, the counter it moves, the NAT entries.
+type ingressCase = pktgen.Case[*Datapath, uint32]
 
-func v6Encap(opts ...[]byte) encap {
-	return encap{src: lbV6, dst: nodeV6, vni: 2, opts: bytes.Join(opts, nil)}
-}
-
-// with returns e with a mutation of the finished frame.
-func (e encap) with(m func(f []byte)) encap {
-	e.mutate = m
-	return e
-}
-
-// setU16 overwrites a big-endian 16-bit field of the frame.
-func setU16(off int, v uint16) func([]byte) {
-	return func(f []byte) { binary.BigEndian.PutUint16(f[off:], v) }
-}
-
-type ingressCase struct {
-	name  string
-	flow  flow
-	encap encap
-	inner []byte                          // inner IP packet; flow.request() when nil
-	setup func(t *testing.T, d *Datapath) // runs before the frame
-	// Expectations.
-	verdict uint32
-	counter Counter // must read exactly 1 (other drop counters 0)
-	decap   bool    // output is the inner packet behind the outer Ethernet header
-	nat     *netip.AddrPort
-	closing bool
-}
-
-func ptr[T any](v T) *T { return &v }
-
-func ingressCases(tb testing.TB) []ingressCase {
-	withPad := func(ip []byte) []byte { return append(append([]byte(nil), ip...), make([]byte, 6)...) }
-	unknownNonCrit := geneveOpt(0x0102, 0x01, []byte{1, 2, 3, 4})
+// ingressCases are the ingress tests; the fuzz test starts from their frames too.
+func ingressCases() []ingressCase {
+	// A well-formed frame with other options or headers.
+	frame := func(g pktgen.Geneve, f flow) []byte { return g.Frame(f.request()) }
+	dsr4, dsr6 := pktgen.DSROption(vipV4), pktgen.DSROption(vipV6)
+	lb4 := v4Encap().Outer
+	unknownNonCrit := pktgen.GeneveOption{Class: 0x0102, Type: 0x01, Data: []byte{1, 2, 3, 4}}
+	badPad := pktgen.DSROption(vipV4)
+	badPad.Data[6] = 0xaa
+	tooLong := pktgen.DSROption(vipV4)
+	tooLong.Len = 5 // 20 bytes of data, 8 present
+	put16 := func(at func(pktgen.Offsets) int, v uint16) func([]byte, pktgen.Offsets) {
+		return func(b []byte, o pktgen.Offsets) { binary.BigEndian.PutUint16(b[at(o):], v) }
+	}
+	allowedDeleted := func(t *testing.T, d *Datapath) {
+		if err := d.DeleteAllowedSource(allowedV4); err != nil {
+			t.Fatal(err)
+		}
+	}
+	vni7 := func(t *testing.T, d *Datapath) {
+		if err := d.SetConfig(Config{VNI: 7}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	finAck := tcpSyn
+	finAck.flags = pktgen.FIN | pktgen.ACK
+	echo := flow{proto: pktgen.ProtoICMPv4, client: clientV4, backend: backendV4}
+	port0 := netip.AddrPortFrom(vipV4.Addr(), 0)
 	return []ingressCase{
-		{name: "v4 underlay v4 TCP SYN", flow: tcpSyn, encap: v4Encap(dsrOpt(vipV4)),
-			verdict: verdictNext, counter: CounterNATCreated, decap: true, nat: &vipV4},
-		{name: "v4 underlay v4 UDP", flow: udpReq, encap: v4Encap(dsrOpt(vipV4)),
-			verdict: verdictNext, counter: CounterNATCreated, decap: true, nat: &vipV4},
-		{name: "v6 underlay v6 TCP SYN", flow: tcpSyn6, encap: v6Encap(dsrOpt(vipV6)),
-			verdict: verdictNext, counter: CounterNATCreated, decap: true, nat: &vipV6},
-		{name: "v6 underlay v6 UDP", flow: udpReq6, encap: v6Encap(dsrOpt(vipV6)),
-			verdict: verdictNext, counter: CounterNATCreated, decap: true, nat: &vipV6},
-		{name: "v4 underlay v6 VIP", flow: tcpSyn6, encap: v4Encap(dsrOpt(vipV6)),
-			verdict: verdictNext, counter: CounterNATCreated, decap: true, nat: &vipV6},
-		{name: "v6 underlay v4 VIP", flow: udpReq, encap: v6Encap(dsrOpt(vipV4)),
-			verdict: verdictNext, counter: CounterNATCreated, decap: true, nat: &vipV4},
-		{name: "inner frame with Ethernet padding", flow: tcpSyn, encap: v4Encap(dsrOpt(vipV4)),
-			inner: withPad(tcpSyn.request(tb)), verdict: verdictNext,
-			counter: CounterNATCreated, decap: true, nat: &vipV4},
-		{name: "unknown non-critical option skipped", flow: tcpSyn,
-			encap:   v4Encap(unknownNonCrit, dsrOpt(vipV4), unknownNonCrit),
-			verdict: verdictNext, counter: CounterNATCreated, decap: true, nat: &vipV4},
-		{name: "port 0 in option keeps the backend port", flow: udpReq,
-			encap:   v4Encap(dsrOpt(netip.AddrPortFrom(vipV4.Addr(), 0))),
-			verdict: verdictNext, counter: CounterNATCreated, decap: true,
-			nat: ptr(netip.AddrPortFrom(vipV4.Addr(), backendV4.Port()))},
-		{name: "client FIN marks the entry closing",
-			flow:    flow{proto: layers.IPProtocolTCP, client: clientV4, backend: backendV4, flags: tcpFlags{FIN: true, ACK: true}},
-			encap:   v4Encap(dsrOpt(vipV4)),
-			verdict: verdictNext, counter: CounterNATClosing, decap: true, nat: &vipV4, closing: true},
-		{name: "inner ICMP decapsulated without NAT entry",
-			flow:    flow{proto: layers.IPProtocolICMPv4, client: clientV4, backend: backendV4},
-			encap:   v4Encap(dsrOpt(vipV4)),
-			verdict: verdictNext, counter: CounterDecapNoNAT, decap: true},
+		{Name: "v4 underlay v4 TCP SYN", In: frame(v4Encap(dsr4), tcpSyn),
+			Verdict: verdictNext, Check: natted(tcpSyn, vipV4, CounterNATCreated, false)},
+		{Name: "v4 underlay v4 UDP", In: frame(v4Encap(dsr4), udpReq),
+			Verdict: verdictNext, Check: natted(udpReq, vipV4, CounterNATCreated, false)},
+		{Name: "v6 underlay v6 TCP SYN", In: frame(v6Encap(dsr6), tcpSyn6),
+			Verdict: verdictNext, Check: natted(tcpSyn6, vipV6, CounterNATCreated, false)},
+		{Name: "v6 underlay v6 UDP", In: frame(v6Encap(dsr6), udpReq6),
+			Verdict: verdictNext, Check: natted(udpReq6, vipV6, CounterNATCreated, false)},
+		{Name: "v4 underlay v6 VIP", In: frame(v4Encap(dsr6), tcpSyn6),
+			Verdict: verdictNext, Check: natted(tcpSyn6, vipV6, CounterNATCreated, false)},
+		{Name: "v6 underlay v4 VIP", In: frame(v6Encap(dsr4), udpReq),
+			Verdict: verdictNext, Check: natted(udpReq, vipV4, CounterNATCreated, false)},
+		{Name: "inner frame with Ethernet padding", In: v4Encap(dsr4).Frame(append(tcpSyn.request(), make([]byte, 6)...)),
+			Verdict: verdictNext, Check: natted(tcpSyn, vipV4, CounterNATCreated, false)},
+		{Name: "unknown non-critical option skipped", In: frame(v4Encap(unknownNonCrit, dsr4, unknownNonCrit), tcpSyn),
+			Verdict: verdictNext, Check: natted(tcpSyn, vipV4, CounterNATCreated, false)},
+		{Name: "port 0 in option keeps the backend port", In: frame(v4Encap(pktgen.DSROption(port0)), udpReq),
+			Verdict: verdictNext, Check: natted(udpReq, netip.AddrPortFrom(vipV4.Addr(), backendV4.Port()), CounterNATCreated, false)},
+		{Name: "client FIN marks the entry closing", In: frame(v4Encap(dsr4), finAck),
+			Verdict: verdictNext, Check: natted(finAck, vipV4, CounterNATClosing, true)},
+		{Name: "inner ICMP decapsulated without NAT entry", In: frame(v4Encap(dsr4), echo),
+			Verdict: verdictNext, Check: decapped(echo, CounterDecapNoNAT)},
 
 		// Spoofing guard.
-		{name: "v4 source not allowed", flow: tcpSyn,
-			encap:   encap{src: strangerV4, dst: nodeV4, vni: 2, opts: dsrOpt(vipV4)},
-			verdict: verdictDrop, counter: CounterDropNotAllowed},
-		{name: "v6 source not allowed", flow: tcpSyn6,
-			encap:   encap{src: strangerV6, dst: nodeV6, vni: 2, opts: dsrOpt(vipV6)},
-			verdict: verdictDrop, counter: CounterDropNotAllowed},
-		{name: "allowed prefix deleted", flow: tcpSyn, encap: v4Encap(dsrOpt(vipV4)),
-			setup: func(t *testing.T, d *Datapath) {
-				if err := d.DeleteAllowedSource(allowedV4); err != nil {
-					t.Fatal(err)
-				}
-			},
-			verdict: verdictDrop, counter: CounterDropNotAllowed},
+		{Name: "v4 source not allowed", In: frame(pktgen.Geneve{Outer: pktgen.Packet{Src: strangerV4, Dst: nodeV4}, VNI: 2,
+			Options: []pktgen.GeneveOption{dsr4}}, tcpSyn), Verdict: verdictDrop, Check: dropped(CounterDropNotAllowed)},
+		{Name: "v6 source not allowed", In: frame(pktgen.Geneve{Outer: pktgen.Packet{Src: strangerV6, Dst: nodeV6}, VNI: 2,
+			Options: []pktgen.GeneveOption{dsr6}}, tcpSyn6), Verdict: verdictDrop, Check: dropped(CounterDropNotAllowed)},
+		{Name: "allowed prefix deleted", In: frame(v4Encap(dsr4), tcpSyn), Setup: allowedDeleted,
+			Verdict: verdictDrop, Check: dropped(CounterDropNotAllowed)},
 
 		// Options.
-		{name: "no options", flow: tcpSyn, encap: v4Encap(),
-			verdict: verdictDrop, counter: CounterDropMissingOption},
-		{name: "only a foreign non-critical option", flow: tcpSyn, encap: v4Encap(unknownNonCrit),
-			verdict: verdictDrop, counter: CounterDropMissingOption},
-		{name: "our class with a non-critical type", flow: tcpSyn,
-			encap:   v4Encap(geneveOpt(0x014B, 0x01, dsrOpt(vipV4)[4:])),
-			verdict: verdictDrop, counter: CounterDropMissingOption},
-		{name: "unknown critical option", flow: tcpSyn,
-			encap:   v4Encap(geneveOpt(0x0102, 0x80, []byte{1, 2, 3, 4}), dsrOpt(vipV4)),
-			verdict: verdictDrop, counter: CounterDropUnknownCritical},
-		{name: "DSR option of 3 words", flow: tcpSyn,
-			encap:   v4Encap(geneveOpt(0x014B, 0x81, make([]byte, 12))),
-			verdict: verdictDrop, counter: CounterDropMalformedOption},
-		{name: "DSR option padding not zero", flow: tcpSyn,
-			encap: v4Encap(dsrOpt(vipV4)).with(func(f []byte) {
-				f[outerLen(lbV4)+8+4+4+2] = 0xaa
-			}),
-			verdict: verdictDrop, counter: CounterDropMalformedOption},
-		{name: "DSR option twice", flow: tcpSyn, encap: v4Encap(dsrOpt(vipV4), dsrOpt(vip2V4)),
-			verdict: verdictDrop, counter: CounterDropMalformedOption},
-		{name: "option longer than the option area", flow: tcpSyn,
-			encap: v4Encap(dsrOpt(vipV4)).with(func(f []byte) {
-				f[outerLen(lbV4)+8+3] = 5 // 20 bytes of data, 8 present
-			}),
-			verdict: verdictDrop, counter: CounterDropMalformedOption},
-		{name: "v4 VIP with an inner IPv6 packet", flow: tcpSyn6, encap: v4Encap(dsrOpt(vipV4)),
-			verdict: verdictDrop, counter: CounterDropBadInner},
+		{Name: "no options", In: frame(v4Encap(), tcpSyn),
+			Verdict: verdictDrop, Check: dropped(CounterDropMissingOption)},
+		{Name: "only a foreign non-critical option", In: frame(v4Encap(unknownNonCrit), tcpSyn),
+			Verdict: verdictDrop, Check: dropped(CounterDropMissingOption)},
+		{Name: "our class with a non-critical type", In: frame(v4Encap(pktgen.GeneveOption{Class: pktgen.DSRClass, Type: 0x01, Data: dsr4.Data}), tcpSyn),
+			Verdict: verdictDrop, Check: dropped(CounterDropMissingOption)},
+		{Name: "unknown critical option", In: frame(v4Encap(pktgen.GeneveOption{Class: 0x0102, Type: 0x80, Data: []byte{1, 2, 3, 4}}, dsr4), tcpSyn),
+			Verdict: verdictDrop, Check: dropped(CounterDropUnknownCritical)},
+		{Name: "DSR option of 3 words", In: frame(v4Encap(pktgen.GeneveOption{Class: pktgen.DSRClass, Type: pktgen.DSRType, Data: make([]byte, 12)}), tcpSyn),
+			Verdict: verdictDrop, Check: dropped(CounterDropMalformedOption)},
+		{Name: "DSR option padding not zero", In: frame(v4Encap(badPad), tcpSyn),
+			Verdict: verdictDrop, Check: dropped(CounterDropMalformedOption)},
+		{Name: "DSR option twice", In: frame(v4Encap(dsr4, pktgen.DSROption(vip2V4)), tcpSyn),
+			Verdict: verdictDrop, Check: dropped(CounterDropMalformedOption)},
+		{Name: "option longer than the option area", In: frame(v4Encap(tooLong), tcpSyn),
+			Verdict: verdictDrop, Check: dropped(CounterDropMalformedOption)},
+		{Name: "v4 VIP with an inner IPv6 packet", In: frame(v4Encap(dsr4), tcpSyn6),
+			Verdict: verdictDrop, Check: dropped(CounterDropBadInner)},
 
 		// Geneve header.
-		{name: "Geneve version 1", flow: tcpSyn,
-			encap:   v4Encap(dsrOpt(vipV4)).with(func(f []byte) { f[outerLen(lbV4)] |= 0x40 }),
-			verdict: verdictDrop, counter: CounterDropBadGeneve},
-		{name: "Geneve OAM packet", flow: tcpSyn,
-			encap:   v4Encap(dsrOpt(vipV4)).with(func(f []byte) { f[outerLen(lbV4)+1] |= 0x80 }),
-			verdict: verdictDrop, counter: CounterDropBadGeneve},
-		{name: "Geneve protocol not Ethernet", flow: tcpSyn,
-			encap:   v4Encap(dsrOpt(vipV4)).with(setU16(outerLen(lbV4)+2, 0x0800)),
-			verdict: verdictDrop, counter: CounterDropBadGeneve},
-		{name: "other VNI", flow: tcpSyn,
-			encap:   encap{src: lbV4, dst: nodeV4, vni: 7, opts: dsrOpt(vipV4)},
-			verdict: verdictDrop, counter: CounterDropVNI},
-		{name: "configured VNI accepted", flow: tcpSyn,
-			encap: encap{src: lbV4, dst: nodeV4, vni: 7, opts: dsrOpt(vipV4)},
-			setup: func(t *testing.T, d *Datapath) {
-				if err := d.SetConfig(Config{VNI: 7}); err != nil {
-					t.Fatal(err)
-				}
-			},
-			verdict: verdictNext, counter: CounterNATCreated, decap: true, nat: &vipV4},
+		{Name: "Geneve version 1", In: frame(pktgen.Geneve{Outer: lb4, VNI: 2, Options: []pktgen.GeneveOption{dsr4}, Version: 1}, tcpSyn),
+			Verdict: verdictDrop, Check: dropped(CounterDropBadGeneve)},
+		{Name: "Geneve OAM packet", In: frame(pktgen.Geneve{Outer: lb4, VNI: 2, Options: []pktgen.GeneveOption{dsr4}, OAM: true}, tcpSyn),
+			Verdict: verdictDrop, Check: dropped(CounterDropBadGeneve)},
+		{Name: "Geneve protocol not Ethernet", In: frame(pktgen.Geneve{Outer: lb4, VNI: 2, Options: []pktgen.GeneveOption{dsr4}, Protocol: 0x0800}, tcpSyn),
+			Verdict: verdictDrop, Check: dropped(CounterDropBadGeneve)},
+		{Name: "other VNI", In: frame(pktgen.Geneve{Outer: lb4, VNI: 7, Options: []pktgen.GeneveOption{dsr4}}, tcpSyn),
+			Verdict: verdictDrop, Check: dropped(CounterDropVNI)},
+		{Name: "configured VNI accepted", In: frame(pktgen.Geneve{Outer: lb4, VNI: 7, Options: []pktgen.GeneveOption{dsr4}}, tcpSyn), Setup: vni7,
+			Verdict: verdictNext, Check: natted(tcpSyn, vipV4, CounterNATCreated, false)},
 
 		// Lengths.
-		{name: "outer IPv4 length beyond the frame", flow: tcpSyn,
-			encap:   v4Encap(dsrOpt(vipV4)).with(setU16(14+2, 1400)),
-			verdict: verdictDrop, counter: CounterDropBadLength},
-		{name: "UDP length disagrees with IPv4", flow: tcpSyn,
-			encap:   v4Encap(dsrOpt(vipV4)).with(setU16(14+20+4, 60)),
-			verdict: verdictDrop, counter: CounterDropBadLength},
-		{name: "UDP length disagrees with IPv6", flow: tcpSyn6,
-			encap:   v6Encap(dsrOpt(vipV6)).with(setU16(14+40+4, 60)),
-			verdict: verdictDrop, counter: CounterDropBadLength},
-		{name: "option area beyond the datagram", flow: tcpSyn,
-			encap: v4Encap(dsrOpt(vipV4)).with(func(f []byte) {
-				f[outerLen(lbV4)] = 0x3f // 252 bytes of options
-			}),
-			verdict: verdictDrop, counter: CounterDropBadLength},
-		{name: "inner IPv4 length beyond the datagram", flow: tcpSyn,
-			encap:   v4Encap(dsrOpt(vipV4)).with(setU16(outerLen(lbV4)+8+12+14+2, 1000)),
-			verdict: verdictDrop, counter: CounterDropBadLength},
-		{name: "inner IPv6 payload length beyond the datagram", flow: tcpSyn6,
-			encap:   v6Encap(dsrOpt(vipV6)).with(setU16(outerLen(lbV6)+8+24+14+4, 1000)),
-			verdict: verdictDrop, counter: CounterDropBadLength},
-		{name: "inner TCP header truncated", flow: tcpSyn, encap: v4Encap(dsrOpt(vipV4)),
-			inner:   truncateIPv4(tcpSyn.request(tb), 20+12),
-			verdict: verdictDrop, counter: CounterDropBadLength},
+		{Name: "outer IPv4 length beyond the frame", In: pktgen.Edit(frame(v4Encap(dsr4), tcpSyn), put16(func(o pktgen.Offsets) int { return o.L3 + 2 }, 1400)),
+			Verdict: verdictDrop, Check: dropped(CounterDropBadLength)},
+		{Name: "UDP length disagrees with IPv4", In: pktgen.Edit(frame(v4Encap(dsr4), tcpSyn), put16(func(o pktgen.Offsets) int { return o.L4 + 4 }, 60)),
+			Verdict: verdictDrop, Check: dropped(CounterDropBadLength)},
+		{Name: "UDP length disagrees with IPv6", In: pktgen.Edit(frame(v6Encap(dsr6), tcpSyn6), put16(func(o pktgen.Offsets) int { return o.L4 + 4 }, 60)),
+			Verdict: verdictDrop, Check: dropped(CounterDropBadLength)},
+		{Name: "option area beyond the datagram", In: frame(pktgen.Geneve{Outer: lb4, VNI: 2, Options: []pktgen.GeneveOption{dsr4}, OptLen: 0x3f}, tcpSyn),
+			Verdict: verdictDrop, Check: dropped(CounterDropBadLength)},
+		{Name: "inner IPv4 length beyond the datagram", In: pktgen.Edit(frame(v4Encap(dsr4), tcpSyn), put16(func(o pktgen.Offsets) int { return o.InnerL3 + 2 }, 1000)),
+			Verdict: verdictDrop, Check: dropped(CounterDropBadLength)},
+		{Name: "inner IPv6 payload length beyond the datagram", In: pktgen.Edit(frame(v6Encap(dsr6), tcpSyn6), put16(func(o pktgen.Offsets) int { return o.InnerL3 + 4 }, 1000)),
+			Verdict: verdictDrop, Check: dropped(CounterDropBadLength)},
+		{Name: "inner TCP header truncated", In: v4Encap(dsr4).Frame(truncateIPv4(tcpSyn.request(), 20+12)),
+			Verdict: verdictDrop, Check: dropped(CounterDropBadLength)},
 
 		// Not ours: untouched.
-		{name: "outer first fragment passes", flow: tcpSyn,
-			encap:   v4Encap(dsrOpt(vipV4)).with(setU16(14+6, 0x2000)),
-			verdict: verdictNext, counter: CounterPassFragment},
+		{Name: "outer first fragment passes", In: pktgen.Edit(frame(v4Encap(dsr4), tcpSyn), put16(func(o pktgen.Offsets) int { return o.L3 + 6 }, 0x2000)),
+			Verdict: verdictNext, Check: untouched(CounterPassFragment)},
 	}
 }
 
@@ -201,66 +145,83 @@ func truncateIPv4(ip []byte, n int) []byte {
 }
 
 func TestIngress(t *testing.T) {
-	testnet.Require(t)
-	for _, tc := range ingressCases(t) {
-		t.Run(tc.name, func(t *testing.T) {
-			d := newDatapath(t)
-			if tc.setup != nil {
-				tc.setup(t, d)
-			}
-			inner := tc.inner
-			if inner == nil {
-				inner = tc.flow.request(t)
-			}
-			frame := tc.encap.frame(t, inner)
-			verdict, out := run(t, d.IngressProgram(), frame)
-			if verdict != tc.verdict {
-				t.Errorf("verdict %#x, want %#x", verdict, tc.verdict)
-			}
-			checkCounters(t, d, tc.counter)
+	pktgen.Run(t, func(t *testing.T) (*Datapath, pktgen.Prog) {
+		d := newDatapath(t)
+		return d, pktgen.Prog{Program: d.IngressProgram()}
+	}, ingressCases())
+}
 
-			switch {
-			case tc.decap:
-				checkDecap(t, frame, inner, out, tc.flow)
-			case !bytes.Equal(out, frame) && tc.verdict == verdictNext:
-				t.Errorf("frame modified:\n got %x\nwant %x", out, frame)
-			}
-
-			entries, err := d.NATEntries()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if tc.nat == nil {
-				if len(entries) != 0 {
-					t.Fatalf("NAT entries %+v, want none", entries)
-				}
-				return
-			}
-			if len(entries) != 1 {
-				t.Fatalf("NAT entries %+v, want one", entries)
-			}
-			checkEntry(t, entries[0], tc.flow, *tc.nat, tc.closing)
-		})
+// natted: the frame comes out decapsulated, counted once under counter, and leaves
+// the one NAT entry of f, to vip.
+func natted(f flow, vip netip.AddrPort, counter Counter, closing bool) func(*testing.T, *Datapath, []byte, []byte) {
+	return func(t *testing.T, d *Datapath, in, out []byte) {
+		t.Helper()
+		checkCounters(t, d, counter)
+		checkDecap(t, in, out, f)
+		entries := natEntries(t, d)
+		if len(entries) != 1 {
+			t.Fatalf("NAT entries %+v, want one", entries)
+		}
+		checkEntry(t, entries[0], f, vip, closing)
 	}
 }
 
-// checkDecap asserts the output is the outer Ethernet addresses, the inner EtherType
-// and the inner IP packet byte for byte, and that gopacket reads the flow from it.
-func checkDecap(t *testing.T, frame, inner, out []byte, f flow) {
+// decapped: the frame comes out decapsulated, counted once under counter, with no
+// NAT entry.
+func decapped(f flow, counter Counter) func(*testing.T, *Datapath, []byte, []byte) {
+	return func(t *testing.T, d *Datapath, in, out []byte) {
+		t.Helper()
+		checkCounters(t, d, counter)
+		checkDecap(t, in, out, f)
+		noNAT(t, d)
+	}
+}
+
+// dropped: the frame counted once under counter, with no NAT entry.
+func dropped(counter Counter) func(*testing.T, *Datapath, []byte, []byte) {
+	return func(t *testing.T, d *Datapath, _, _ []byte) {
+		t.Helper()
+		checkCounters(t, d, counter)
+		noNAT(t, d)
+	}
+}
+
+// untouched: the frame goes on as it came, counted once under counter, with no NAT
+// entry.
+func untouched(counter Counter) func(*testing.T, *Datapath, []byte, []byte) {
+	return func(t *testing.T, d *Datapath, in, out []byte) {
+		t.Helper()
+		checkCounters(t, d, counter)
+		pktgen.ExpectFrame(t, out, in)
+		noNAT(t, d)
+	}
+}
+
+func natEntries(t *testing.T, d *Datapath) []NATEntry {
 	t.Helper()
-	want := append(append([]byte(nil), frame[:12]...), 0, 0)
-	binary.BigEndian.PutUint16(want[12:], ethType(inner))
-	want = append(want, inner...)
-	if !bytes.Equal(out, want) {
-		t.Fatalf("decapsulated frame:\n got %x\nwant %x", out, want)
+	entries, err := d.NATEntries()
+	if err != nil {
+		t.Fatal(err)
 	}
-	pkt := gopacket.NewPacket(out, layers.LayerTypeEthernet, gopacket.Default)
-	if el := pkt.ErrorLayer(); el != nil {
-		t.Fatalf("decode decapsulated frame: %v", el.Error())
+	return entries
+}
+
+func noNAT(t *testing.T, d *Datapath) {
+	t.Helper()
+	if entries := natEntries(t, d); len(entries) != 0 {
+		t.Fatalf("NAT entries %+v, want none", entries)
 	}
-	nf := pkt.NetworkLayer().NetworkFlow()
-	if nf.Src().String() != f.client.Addr().String() || nf.Dst().String() != f.backend.Addr().String() {
-		t.Fatalf("decapsulated packet flows %v, want %v -> %v", nf, f.client.Addr(), f.backend.Addr())
+}
+
+// checkDecap asserts the output is the outer Ethernet addresses, then the inner
+// frame's EtherType and everything behind it byte for byte, and that gopacket reads
+// f's addresses from it.
+func checkDecap(t *testing.T, in, out []byte, f flow) {
+	t.Helper()
+	innerType := pktgen.Locate(in).InnerL3 - 2
+	pktgen.ExpectFrame(t, out, append(append([]byte(nil), in[:12]...), in[innerType:]...))
+	if d := pktgen.Decode(t, out); d.Src() != f.client.Addr() || d.Dst() != f.backend.Addr() {
+		t.Fatalf("decapsulated packet %v -> %v, want %v -> %v", d.Src(), d.Dst(), f.client.Addr(), f.backend.Addr())
 	}
 }
 
@@ -301,17 +262,11 @@ func checkEntry(t *testing.T, e NATEntry, f flow, vip netip.AddrPort, closing bo
 func TestIngressNonGenevePassesUntouched(t *testing.T) {
 	d := newDatapath(t)
 	frames := map[string][]byte{
-		"UDP to another port": ethFrame(lbMAC, nodeMAC, l4Packet(t, layers.IPProtocolUDP,
-			netip.AddrPortFrom(lbV4, 5353), netip.AddrPortFrom(nodeV4, 53), tcpFlags{}, []byte("x"))),
-		"TCP from an LB": ethFrame(lbMAC, nodeMAC, l4Packet(t, layers.IPProtocolTCP,
-			netip.AddrPortFrom(lbV4, 6081), netip.AddrPortFrom(nodeV4, 6081), tcpFlags{SYN: true}, nil)),
-		"IPv6 UDP to another port": ethFrame(lbMAC, nodeMAC, l4Packet(t, layers.IPProtocolUDP,
-			netip.AddrPortFrom(lbV6, 5353), netip.AddrPortFrom(nodeV6, 53), tcpFlags{}, nil)),
-		"ARP": serialize(t, &layers.Ethernet{SrcMAC: lbMAC, DstMAC: nodeMAC, EthernetType: layers.EthernetTypeARP},
-			&layers.ARP{AddrType: layers.LinkTypeEthernet, Protocol: layers.EthernetTypeIPv4,
-				HwAddressSize: 6, ProtAddressSize: 4, Operation: layers.ARPRequest,
-				SourceHwAddress: lbMAC, SourceProtAddress: lbV4.AsSlice(),
-				DstHwAddress: make([]byte, 6), DstProtAddress: nodeV4.AsSlice()}),
+		"UDP to another port": pktgen.Packet{Src: lbV4, Dst: nodeV4, SrcPort: 5353, DstPort: 53, Proto: pktgen.ProtoUDP,
+			Payload: []byte("x")}.Frame(),
+		"TCP from an LB":           pktgen.Packet{Src: lbV4, Dst: nodeV4, SrcPort: 6081, DstPort: 6081, Flags: pktgen.SYN}.Frame(),
+		"IPv6 UDP to another port": pktgen.Packet{Src: lbV6, Dst: nodeV6, SrcPort: 5353, DstPort: 53, Proto: pktgen.ProtoUDP}.Frame(),
+		"ARP":                      pktgen.ARPRequest(lbMAC, lbV4, nodeV4),
 	}
 	for name, frame := range frames {
 		verdict, out := run(t, d.IngressProgram(), frame)
@@ -336,7 +291,7 @@ func TestIngressRefresh(t *testing.T) {
 	d := newDatapath(t)
 	send := func(f flow, vip netip.AddrPort) {
 		t.Helper()
-		if v, _ := run(t, d.IngressProgram(), v4Encap(dsrOpt(vip)).frame(t, f.request(t))); v != verdictNext {
+		if v, _ := run(t, d.IngressProgram(), v4Encap(pktgen.DSROption(vip)).Frame(f.request())); v != verdictNext {
 			t.Fatalf("verdict %#x", v)
 		}
 	}
@@ -355,7 +310,7 @@ func TestIngressRefresh(t *testing.T) {
 		t.Fatalf("aged entry idle %v", e.Idle)
 	}
 	ack := tcpSyn
-	ack.flags = tcpFlags{ACK: true}
+	ack.flags = pktgen.ACK
 	send(ack, vipV4)
 	if e := entry(); e.Idle > 5*time.Second || e.VIP != vipV4 {
 		t.Errorf("after refresh: idle %v VIP %v", e.Idle, e.VIP)
@@ -365,7 +320,7 @@ func TestIngressRefresh(t *testing.T) {
 		t.Errorf("after replacement: VIP %v, want %v", e.VIP, vip2V4)
 	}
 	rst := tcpSyn
-	rst.flags = tcpFlags{RST: true}
+	rst.flags = pktgen.RST
 	send(rst, vip2V4)
 	if e := entry(); !e.Closing || !e.Expired(time.Hour, 0) || e.Expired(time.Hour, time.Minute) {
 		t.Errorf("after RST: closing %v", e.Closing)

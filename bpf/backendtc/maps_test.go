@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lbd-dev/lbd/internal/pktgen"
 	"github.com/lbd-dev/lbd/internal/testnet"
 )
 
@@ -97,9 +98,9 @@ func TestPinnedMapsAdopted(t *testing.T) {
 	if err := first.AddAllowedSource(allowedV4); err != nil {
 		t.Fatal(err)
 	}
-	enc := v4Encap(dsrOpt(vipV4))
-	enc.vni = 9
-	if v, _ := run(t, first.IngressProgram(), enc.frame(t, tcpSyn.request(t))); v != verdictNext {
+	enc := v4Encap(pktgen.DSROption(vipV4))
+	enc.VNI = 9
+	if v, _ := run(t, first.IngressProgram(), enc.Frame(tcpSyn.request())); v != verdictNext {
 		t.Fatalf("verdict %#x", v)
 	}
 	first.Close()

@@ -3,9 +3,7 @@
 package backendtc
 
 import (
-	"encoding/binary"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -15,6 +13,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
+	"github.com/lbd-dev/lbd/internal/pktgen"
 	"github.com/lbd-dev/lbd/internal/testnet"
 	"golang.org/x/sys/unix"
 )
@@ -102,27 +101,6 @@ func nextSegment(t *testing.T, fd int, client netip.AddrPort, deadline time.Time
 	return segment{}
 }
 
-// checkPartialSeed verifies a CHECKSUM_PARTIAL segment: its checksum field must hold
-// the folded pseudo-header sum of its own (SNAT'ed) addresses, which the NIC or the
-// stack completes later.
-func checkPartialSeed(ip []byte) error {
-	var l4 []byte
-	if ip[0]>>4 == 4 {
-		hl := int(ip[0]&0x0f) * 4
-		l4 = ip[hl:binary.BigEndian.Uint16(ip[2:4])]
-		if got := fold(sum16(ip[:hl], 0)); got != 0xffff {
-			return fmt.Errorf("IPv4 header checksum: sum %#04x", got)
-		}
-	} else {
-		l4 = ip[40 : 40+binary.BigEndian.Uint16(ip[4:6])]
-	}
-	want := fold(pseudoSum(ip, 6, len(l4)))
-	if got := binary.BigEndian.Uint16(l4[16:18]); got != want {
-		return fmt.Errorf("partial checksum seed %#04x, want pseudo-header sum %#04x", got, want)
-	}
-	return nil
-}
-
 // TestNetnsTCPHandshake runs a real TCP server behind the TC programs: Geneve frames
 // built as an LB node builds them are injected from a peer namespace, the handshake
 // completes, and every reply captured on the LB side comes from VIP:port with valid
@@ -198,13 +176,14 @@ func testHandshake(t *testing.T, v6, txOff bool, vip netip.AddrPort) {
 	// node sends back.
 	fd := tp.lbNS.PacketSocket(t, tp.lbIf)
 	client := netip.AddrPortFrom(tp.client, 41000)
-	enc := encap{src: tp.lbAddr, dst: tp.beAddr, vni: 2, opts: dsrOpt(vip),
-		srcMAC: tp.lbMAC, dstMAC: tp.beMAC}
+	enc := pktgen.Geneve{Outer: pktgen.Packet{SrcMAC: tp.lbMAC, DstMAC: tp.beMAC, Src: tp.lbAddr, Dst: tp.beAddr},
+		VNI: 2, Options: []pktgen.GeneveOption{pktgen.DSROption(vip)}}
 	const iss = 7000
-	send := func(seq, ack uint32, flags tcpFlags, payload []byte) {
+	send := func(seq, ack uint32, flags pktgen.TCPFlags, payload []byte) {
 		t.Helper()
-		inner := tcpSegment(t, client, backend, seq, ack, flags, payload)
-		if _, err := unix.Write(fd, enc.frame(t, inner)); err != nil {
+		inner := pktgen.Packet{Src: client.Addr(), Dst: backend.Addr(), SrcPort: client.Port(), DstPort: backend.Port(),
+			Seq: seq, Ack: ack, Window: 65535, Flags: flags, Payload: payload}
+		if _, err := unix.Write(fd, enc.Frame(inner.IP())); err != nil {
 			t.Fatalf("inject: %v", err)
 		}
 	}
@@ -215,9 +194,9 @@ func testHandshake(t *testing.T, v6, txOff bool, vip netip.AddrPort) {
 		}
 		var err error
 		if txOff {
-			err = checkIPPacket(s.ip)
+			err = pktgen.VerifyIP(s.ip)
 		} else {
-			err = checkPartialSeed(s.ip)
+			err = pktgen.VerifyPartial(s.ip)
 		}
 		if err != nil {
 			t.Errorf("reply %v: %v", s.tcp.TransportFlow(), err)
@@ -225,13 +204,13 @@ func testHandshake(t *testing.T, v6, txOff bool, vip netip.AddrPort) {
 	}
 	deadline := time.Now().Add(5 * time.Second)
 
-	send(iss, 0, tcpFlags{SYN: true}, nil)
+	send(iss, 0, pktgen.SYN, nil)
 	synAck := nextSegment(t, fd, client, deadline)
 	check(synAck)
 	if !synAck.tcp.SYN || !synAck.tcp.ACK || synAck.tcp.Ack != iss+1 {
 		t.Fatalf("want SYN-ACK for %d, got %v", iss+1, synAck.tcp)
 	}
-	send(iss+1, synAck.tcp.Seq+1, tcpFlags{ACK: true}, nil)
+	send(iss+1, synAck.tcp.Seq+1, pktgen.ACK, nil)
 	select {
 	case err := <-accepted:
 		if err != nil {
@@ -240,7 +219,7 @@ func testHandshake(t *testing.T, v6, txOff bool, vip netip.AddrPort) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("handshake did not complete: no connection accepted")
 	}
-	send(iss+1, synAck.tcp.Seq+1, tcpFlags{ACK: true}, []byte("ping"))
+	send(iss+1, synAck.tcp.Seq+1, pktgen.ACK|pktgen.PSH, []byte("ping"))
 	var data segment
 	for data = nextSegment(t, fd, client, deadline); len(data.tcp.Payload) == 0; {
 		check(data)
@@ -265,14 +244,4 @@ func testHandshake(t *testing.T, v6, txOff bool, vip netip.AddrPort) {
 	if cs[CounterDecapOK] < 3 || cs[CounterSNATDone] < 2 {
 		t.Errorf("counters %v: want ≥3 decapsulated and ≥2 SNAT'ed", cs)
 	}
-}
-
-// tcpSegment builds a client segment with explicit sequence numbers.
-func tcpSegment(tb testing.TB, src, dst netip.AddrPort, seq, ack uint32, f tcpFlags, payload []byte) []byte {
-	ip := ipLayer(src.Addr(), dst.Addr(), layers.IPProtocolTCP)
-	tcp := &layers.TCP{SrcPort: layers.TCPPort(src.Port()), DstPort: layers.TCPPort(dst.Port()),
-		Seq: seq, Ack: ack, Window: 65535, SYN: f.SYN, ACK: f.ACK, FIN: f.FIN, RST: f.RST,
-		PSH: len(payload) > 0}
-	tcp.SetNetworkLayerForChecksum(ip)
-	return serialize(tb, ip.(gopacket.SerializableLayer), tcp, gopacket.Payload(payload))
 }
