@@ -23,10 +23,9 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/gopacket/gopacket"
-	"github.com/gopacket/gopacket/layers"
 	"github.com/lbd-dev/lbd/bpf/lbxdp"
 	"github.com/lbd-dev/lbd/daemon/maglev"
+	"github.com/lbd-dev/lbd/internal/pktgen"
 	"github.com/lbd-dev/lbd/internal/testnet"
 )
 
@@ -488,22 +487,16 @@ func (c *capture) packets() []captured {
 		if !f.Outgoing {
 			continue
 		}
-		p := gopacket.NewPacket(f.Data, layers.LayerTypeEthernet, gopacket.NoCopy)
-		var dst netip.Addr
-		if l, ok := p.NetworkLayer().(*layers.IPv4); ok {
-			dst, _ = netip.AddrFromSlice(l.DstIP.To4())
-		} else if l, ok := p.NetworkLayer().(*layers.IPv6); ok {
-			dst, _ = netip.AddrFromSlice(l.DstIP)
-		}
+		p := pktgen.Parse(f.Data)
 		var pk captured
-		switch l := p.TransportLayer().(type) {
-		case *layers.TCP:
-			if !l.SYN || l.ACK {
+		switch {
+		case p.TCP != nil:
+			if !p.TCP.SYN || p.TCP.ACK {
 				continue
 			}
-			pk = captured{Proto: lbxdp.ProtoTCP, Dst: netip.AddrPortFrom(dst, uint16(l.DstPort))}
-		case *layers.UDP:
-			pk = captured{Proto: lbxdp.ProtoUDP, Dst: netip.AddrPortFrom(dst, uint16(l.DstPort))}
+			pk = captured{Proto: lbxdp.ProtoTCP, Dst: netip.AddrPortFrom(p.Dst(), uint16(p.TCP.DstPort))}
+		case p.UDP != nil:
+			pk = captured{Proto: lbxdp.ProtoUDP, Dst: netip.AddrPortFrom(p.Dst(), uint16(p.UDP.DstPort))}
 		default:
 			continue
 		}
