@@ -17,7 +17,7 @@ func (e *env) prog() pktgen.Prog {
 		Context: func(frame []byte) any {
 			return XDPMD{DataEnd: uint32(len(frame)), IngressIfindex: uint32(e.ifA)}
 		},
-		In: func(run func()) error { return e.ns.DoErr(func() error { run(); return nil }) },
+		Within: func(run func()) error { return e.ns.DoErr(func() error { run(); return nil }) },
 	}
 }
 

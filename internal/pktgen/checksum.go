@@ -45,9 +45,9 @@ func pseudoHeader(src, dst netip.Addr, proto uint8, n int) []byte {
 // IPv4HeaderOK reports whether the checksum of an IPv4 header verifies.
 func IPv4HeaderOK(hdr []byte) bool { return sum(hdr) == 0xffff }
 
-// L4ChecksumOK reports whether the checksum of a TCP, UDP, ICMP or ICMPv6 segment
+// l4ChecksumOK reports whether the checksum of a TCP, UDP, ICMP or ICMPv6 segment
 // from src to dst verifies (ICMP over IPv4 has no pseudo-header).
-func L4ChecksumOK(src, dst netip.Addr, proto uint8, seg []byte) bool {
+func l4ChecksumOK(src, dst netip.Addr, proto uint8, seg []byte) bool {
 	if proto == ProtoICMPv4 {
 		return sum(seg) == 0xffff
 	}
@@ -141,7 +141,7 @@ func VerifyIP(ip []byte) error {
 		}
 		return errors.New("UDP checksum 0 over IPv6")
 	}
-	if !L4ChecksumOK(p.src, p.dst, p.proto, p.l4) {
+	if !l4ChecksumOK(p.src, p.dst, p.proto, p.l4) {
 		return fmt.Errorf("protocol %d checksum %#04x does not verify", p.proto, got)
 	}
 	return nil

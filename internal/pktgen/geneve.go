@@ -2,7 +2,6 @@ package pktgen
 
 import (
 	"encoding/binary"
-	"net"
 	"net/netip"
 )
 
@@ -37,8 +36,8 @@ func DSROption(vip netip.AddrPort) GeneveOption {
 }
 
 // Geneve describes the encapsulation an LB node adds around an IP packet: outer
-// Ethernet, IP and UDP to port 6081, the Geneve header and options, and the inner
-// Ethernet header.
+// Ethernet, IP and UDP to port 6081, the Geneve header and options, and an inner
+// Ethernet header with Packet's default addresses.
 type Geneve struct {
 	// Outer gives the outer Ethernet and IP headers and their knobs. Frame makes it a
 	// UDP packet to port 6081 (unless DstPort is set) from port 49152 (unless SrcPort
@@ -46,8 +45,6 @@ type Geneve struct {
 	Outer   Packet
 	VNI     uint32
 	Options []GeneveOption
-	// Inner Ethernet addresses; Packet's defaults when nil.
-	InnerSrcMAC, InnerDstMAC net.HardwareAddr
 
 	// Knobs that break a correct header.
 	Version  uint8  // 0 is the only version
@@ -99,6 +96,6 @@ func (g Geneve) Frame(inner []byte) []byte {
 	if o.DstPort == 0 {
 		o.DstPort = GenevePort
 	}
-	o.Payload = append(g.Header(), Packet{SrcMAC: g.InnerSrcMAC, DstMAC: g.InnerDstMAC}.Wrap(inner)...)
+	o.Payload = append(g.Header(), Packet{}.Wrap(inner)...)
 	return o.Frame()
 }

@@ -87,8 +87,8 @@ type Fragment struct {
 	More   bool   // more fragments follow
 }
 
-// Bytes returns n bytes of payload, a pattern that is neither zeros nor repeats
-// within a header's length.
+// Bytes returns n bytes of payload: a pattern, so that a byte moved or zeroed by a
+// program shows.
 func Bytes(n int) []byte {
 	b := make([]byte, n)
 	for i := range b {

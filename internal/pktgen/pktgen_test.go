@@ -399,7 +399,7 @@ func TestRun(t *testing.T) {
 		return &steps, Prog{
 			Program: prog,
 			Context: func(f []byte) any { steps = append(steps, "context"); return xdpMD{DataEnd: uint32(len(f))} },
-			In:      func(run func()) error { steps = append(steps, "in"); run(); return nil },
+			Within:  func(run func()) error { steps = append(steps, "within"); run(); return nil },
 		}
 	}
 	frame := Packet{Src: c4, Dst: v4, SrcPort: 1, DstPort: 2}.Frame()
@@ -413,7 +413,7 @@ func TestRun(t *testing.T) {
 			ExpectFrame(t, out, in)
 		},
 	}})
-	if got := strings.Join(steps, " "); got != "setup context in check" {
+	if got := strings.Join(steps, " "); got != "setup context within check" {
 		t.Errorf("steps %q", got)
 	}
 }

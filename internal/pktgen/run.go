@@ -16,9 +16,10 @@ type Prog struct {
 	// Context, when set, gives the context the program sees for a frame: for XDP an
 	// xdp_md with data_end and the ingress ifindex that bpf_fib_lookup needs.
 	Context func(frame []byte) any
-	// In, when set, makes the call: the helpers that look up routes use the network
-	// namespace of the calling thread, so a test passes nsdo.Run for its namespace.
-	In func(run func()) error
+	// Within, when set, makes the call: the helpers that look up routes use the
+	// network namespace of the calling thread, so a test passes one that enters its
+	// namespace (nsdo.Run).
+	Within func(run func()) error
 }
 
 // Try runs the program once on frame and returns its return value and the frame it
@@ -33,9 +34,9 @@ func (p Prog) Try(frame []byte) (uint32, []byte, error) {
 		err error
 	)
 	run := func() { ret, err = p.Program.Run(&opts) }
-	if p.In == nil {
+	if p.Within == nil {
 		run()
-	} else if ierr := p.In(run); ierr != nil {
+	} else if ierr := p.Within(run); ierr != nil {
 		return 0, nil, ierr
 	}
 	return ret, opts.DataOut, err
