@@ -19,7 +19,8 @@ type Counters struct {
 // DropReason says why the datapath dropped a packet; mirrors enum lb_drop_reason.
 type DropReason uint32
 
-// Drop reasons. Rejected and TooBig packets are dropped but answered.
+// Drop reasons. Rejected and TooBig packets are dropped but answered; a
+// PassNoNeighbour packet is forwarded through the kernel.
 const (
 	DropMalformed        DropReason = iota // inconsistent or truncated headers
 	DropFragment                           // IP fragment of VIP traffic
@@ -28,18 +29,32 @@ const (
 	DropRejected                           // no usable backend, answered with RST / port unreachable
 	DropTooBig                             // too big once encapsulated, answered with ICMP
 	DropTooBigUnsignaled                   // too big and no ICMP possible (IPv4 without DF, ICMP errors)
-	DropFIB                                // no route or neighbour toward the backend's node
+	DropFIB                                // FIB lookup failed otherwise (forwarding off on the ingress device, ...)
 	DropInternal                           // a packet-resizing helper failed
+	DropNoRoute                            // no route (or an unreachable one) toward the backend's node
+	PassNoNeighbour                        // next hop unresolved: encapsulated and passed to the kernel
 	dropReasons
 )
 
-var dropNames = [...]string{"malformed", "fragment", "source_range", "no_backend", "rejected", "too_big", "too_big_unsignaled", "fib", "internal"}
+var dropNames = [...]string{"malformed", "fragment", "source_range", "no_backend", "rejected", "too_big", "too_big_unsignaled", "fib", "internal", "fib_no_route", "no_neighbour"}
 
 func (r DropReason) String() string {
 	if r < dropReasons {
 		return dropNames[r]
 	}
 	return fmt.Sprintf("drop(%d)", uint32(r))
+}
+
+// Passed reports whether packets of this reason are forwarded rather than dropped.
+func (r DropReason) Passed() bool { return r == PassNoNeighbour }
+
+// CounterName is the reason's name in statistics and metrics: lb_drop_<reason>,
+// or lb_pass_<reason> for packets that were forwarded after all.
+func (r DropReason) CounterName() string {
+	if r.Passed() {
+		return "lb_pass_" + r.String()
+	}
+	return "lb_drop_" + r.String()
 }
 
 // DropReasons lists every reason, in order.

@@ -126,9 +126,13 @@ LBD_INLINE __s64 lb_inner_sum(struct xdp_md *ctx, __u32 l3, __u32 l4, __u32 end,
 }
 
 /* Put the outer headers in front of the (already DNAT'ed) inner IP packet and
- * choose the verdict. */
+ * choose the verdict. With pass (the next hop is not resolved yet), the
+ * encapsulated packet goes to the kernel instead, still addressed to this node's
+ * own MAC: its destination is the backend's node, so the kernel resolves the
+ * neighbour and forwards it. The original VIP packet must never go up that way:
+ * the kernel would route it back to the router, which sends it here again. */
 LBD_INLINE int lb_encap(struct xdp_md *ctx, struct lb_pkt *pk, const struct lb_backend *be,
-			const struct lb_config *cfg, const struct lb_route *rt, __be16 vport)
+			const struct lb_config *cfg, const struct lb_route *rt, __be16 vport, int pass)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
@@ -145,7 +149,19 @@ LBD_INLINE int lb_encap(struct xdp_md *ctx, struct lb_pkt *pk, const struct lb_b
 	struct lbd_genevehdr *gnv;
 	struct lbd_geneve_opthdr *opt;
 	__be16 inner_proto = vip_family == LBD_FAMILY_V4 ? bpf_htons(LBD_ETH_P_IP) : bpf_htons(LBD_ETH_P_IPV6);
+	__u8 dmac[LBD_ETH_ALEN], smac[LBD_ETH_ALEN];
 	__u64 sum;
+
+	if (pass) {
+		eth = data;
+		if ((void *)(eth + 1) > data_end)
+			return lb_drop(pk, LB_DROP_INTERNAL);
+		__builtin_memcpy(dmac, eth->dst, LBD_ETH_ALEN);
+		__builtin_memcpy(smac, eth->src, LBD_ETH_ALEN);
+	} else {
+		__builtin_memcpy(dmac, rt->dmac, LBD_ETH_ALEN);
+		__builtin_memcpy(smac, rt->smac, LBD_ETH_ALEN);
+	}
 
 	if (be->node_family == LBD_FAMILY_V6)
 		inner_sum = lb_inner_sum(ctx, l3, pk->p.l4_off & LBD_L4_MASK, pk->p.ip_end, vip_family, pk->p.proto);
@@ -162,8 +178,8 @@ LBD_INLINE int lb_encap(struct xdp_md *ctx, struct lb_pkt *pk, const struct lb_b
 	eth = data;
 	if ((void *)(eth + 1) > data_end)
 		return lb_drop(pk, LB_DROP_INTERNAL);
-	__builtin_memcpy(eth->dst, rt->dmac, LBD_ETH_ALEN);
-	__builtin_memcpy(eth->src, rt->smac, LBD_ETH_ALEN);
+	__builtin_memcpy(eth->dst, dmac, LBD_ETH_ALEN);
+	__builtin_memcpy(eth->src, smac, LBD_ETH_ALEN);
 
 	if (be->node_family == LBD_FAMILY_V4) {
 		struct lbd_iphdr *ip = (void *)(eth + 1);
@@ -238,8 +254,8 @@ LBD_INLINE int lb_encap(struct xdp_md *ctx, struct lb_pkt *pk, const struct lb_b
 	}
 	/* The inner frame is addressed like the outer one: a decapsulator that keeps
 	 * the inner Ethernet header hands the host a frame for itself. */
-	__builtin_memcpy(ieth->dst, rt->dmac, LBD_ETH_ALEN);
-	__builtin_memcpy(ieth->src, rt->smac, LBD_ETH_ALEN);
+	__builtin_memcpy(ieth->dst, dmac, LBD_ETH_ALEN);
+	__builtin_memcpy(ieth->src, smac, LBD_ETH_ALEN);
 	ieth->proto = inner_proto;
 
 	if (be->node_family == LBD_FAMILY_V6) {
@@ -263,6 +279,10 @@ LBD_INLINE int lb_encap(struct xdp_md *ctx, struct lb_pkt *pk, const struct lb_b
 		}
 	}
 
+	if (pass) {
+		lb_note(pk, LB_PASS_NO_NEIGH);
+		return XDP_PASS;
+	}
 	if (rt->ifindex == ctx->ingress_ifindex)
 		return XDP_TX;
 	return bpf_redirect(rt->ifindex, 0);

@@ -103,11 +103,11 @@ LBD_INLINE int lb_icmp_error(struct xdp_md *ctx, struct lb_pkt *pk)
 		return lb_drop(pk, LB_DROP_NO_BACKEND);
 
 	hdr = lb_encap_len(be->node_family, pk->flow.family);
-	r = lb_route(ctx, be_id, be, cfg, lb_now(), hdr - LBD_ETH_HLEN + pk->ip_len, &rt);
+	r = lb_route(ctx, pk, be_id, be, cfg, lb_now(), hdr - LBD_ETH_HLEN + pk->ip_len, &rt);
 	if (r == LB_ROUTE_TOO_BIG)
 		return lb_drop(pk, LB_DROP_TOO_BIG_UNSIGNALED);
-	if (r != LB_ROUTE_OK)
-		return lb_drop(pk, LB_DROP_FIB);
+	if (r != LB_ROUTE_OK && r != LB_ROUTE_NO_NEIGH)
+		return lb_route_drop(pk, r);
 
 	/* Translate. eports/icmp still point into the unmodified packet. */
 	bport = be->port ? be->port : vport;
@@ -150,7 +150,7 @@ LBD_INLINE int lb_icmp_error(struct xdp_md *ctx, struct lb_pkt *pk)
 		lb_count(&lb_svc_stats, svc->id, pk->ip_len, 0);
 		lb_count(&lb_be_stats, be_id, pk->ip_len, 0);
 	}
-	return lb_encap(ctx, pk, be, cfg, rt, vport);
+	return lb_encap(ctx, pk, be, cfg, rt, vport, r == LB_ROUTE_NO_NEIGH);
 }
 
 #endif

@@ -122,19 +122,29 @@ struct lb_pkt {
 	__u32 ip_len;          /* bytes of the client's IP packet */
 	__u8 tcp_flags;
 	__u8 trace;            /* side-effect-free run (lb_trace_meta) */
+	__u8 reason;           /* last counted reason (enum lb_drop_reason), for traces */
+	__u8 fib_rc;           /* last FIB lookup result, for traces */
+	__u8 fib_done;
 };
 
-LBD_INLINE int lb_drop(struct lb_pkt *pk, __u32 reason)
+/* Count a reason (enum lb_drop_reason) for the packet; the caller picks the verdict. */
+LBD_INLINE void lb_note(struct lb_pkt *pk, __u32 reason)
 {
 	struct lb_counter *c;
 
+	pk->reason = reason;
 	if (pk->trace)
-		return XDP_DROP;
+		return;
 	c = bpf_map_lookup_elem(&lb_drop_stats, &reason);
 	if (c) {
 		c->packets++;
 		c->bytes += pk->ip_len;
 	}
+}
+
+LBD_INLINE int lb_drop(struct lb_pkt *pk, __u32 reason)
+{
+	lb_note(pk, reason);
 	return XDP_DROP;
 }
 
@@ -340,70 +350,82 @@ LBD_INLINE int lb_handle_vip(struct xdp_md *ctx, struct lb_pkt *pk)
 		lb_count(&lb_svc_stats, svc->id, pk->ip_len, new_flow);
 
 	hdr = lb_encap_len(be->node_family, pk->flow.family);
-	r = lb_route(ctx, be_id, be, cfg, now, hdr - LBD_ETH_HLEN + pk->ip_len, &rt);
+	r = lb_route(ctx, pk, be_id, be, cfg, now, hdr - LBD_ETH_HLEN + pk->ip_len, &rt);
 	if (r == LB_ROUTE_TOO_BIG)
 		return lb_too_big(ctx, pk, rt->mtu, hdr);
-	if (r != LB_ROUTE_OK)
-		return lb_drop(pk, LB_DROP_FIB);
+	if (r != LB_ROUTE_OK && r != LB_ROUTE_NO_NEIGH)
+		return lb_route_drop(pk, r);
 	if (lb_dnat(ctx, pk, be))
 		return lb_drop(pk, LB_DROP_INTERNAL);
 	if (!pk->trace)
 		lb_count(&lb_be_stats, be_id, pk->ip_len, new_flow);
-	return lb_encap(ctx, pk, be, cfg, rt, pk->flow.dport);
+	return lb_encap(ctx, pk, be, cfg, rt, pk->flow.dport, r == LB_ROUTE_NO_NEIGH);
 }
 
-SEC("xdp")
-int lb_xdp(struct xdp_md *ctx)
+/* Parse the frame up to the IP header and hand VIP candidates on. */
+LBD_INLINE int lb_process(struct xdp_md *ctx, struct lb_pkt *pk)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
-	struct lb_pkt pk;
 	__be16 proto;
 	int r;
 
-	__builtin_memset(&pk, 0, sizeof(pk));
-	pk.trace = lb_trace_requested(ctx);
-	if (lbd_parse_eth(data, data_end, &pk.p, &proto))
-		return lb_drop(&pk, LB_DROP_MALFORMED);
+	if (lbd_parse_eth(data, data_end, &pk->p, &proto))
+		return lb_drop(pk, LB_DROP_MALFORMED);
 
 	if (proto == bpf_htons(LBD_ETH_P_IP)) {
 		struct lbd_iphdr *ip;
 
-		r = lbd_parse_ipv4(data, data_end, &pk.p);
+		r = lbd_parse_ipv4(data, data_end, &pk->p);
 		if (r != LBD_PARSE_OK)
-			return lb_drop(&pk, LB_DROP_MALFORMED);
-		ip = data + (pk.p.l3_off & LBD_L3_MASK);
+			return lb_drop(pk, LB_DROP_MALFORMED);
+		ip = data + (pk->p.l3_off & LBD_L3_MASK);
 		if ((void *)(ip + 1) > data_end)
-			return lb_drop(&pk, LB_DROP_MALFORMED);
+			return lb_drop(pk, LB_DROP_MALFORMED);
 		if (!lb_vip_maybe(lb_vip_bucket(ip->daddr, LBD_FAMILY_V4)))
 			return XDP_PASS;
-		__builtin_memcpy(pk.flow.saddr, &ip->saddr, 4);
-		__builtin_memcpy(pk.flow.daddr, &ip->daddr, 4);
-		pk.flow.family = LBD_FAMILY_V4;
+		__builtin_memcpy(pk->flow.saddr, &ip->saddr, 4);
+		__builtin_memcpy(pk->flow.daddr, &ip->daddr, 4);
+		pk->flow.family = LBD_FAMILY_V4;
 	} else if (proto == bpf_htons(LBD_ETH_P_IPV6)) {
 		struct lbd_ipv6hdr *ip6;
 
-		r = lbd_parse_ipv6(data, data_end, &pk.p);
+		r = lbd_parse_ipv6(data, data_end, &pk->p);
 		if (r == LBD_PARSE_MALFORMED)
-			return lb_drop(&pk, LB_DROP_MALFORMED);
+			return lb_drop(pk, LB_DROP_MALFORMED);
 		if (r != LBD_PARSE_OK)
 			return XDP_PASS;
-		ip6 = data + (pk.p.l3_off & LBD_L3_MASK);
+		ip6 = data + (pk->p.l3_off & LBD_L3_MASK);
 		if ((void *)(ip6 + 1) > data_end)
-			return lb_drop(&pk, LB_DROP_MALFORMED);
+			return lb_drop(pk, LB_DROP_MALFORMED);
 		{
 			const __u32 *w = (const __u32 *)ip6->daddr;
 
 			if (!lb_vip_maybe(lb_vip_bucket(w[0] ^ w[1] ^ w[2] ^ w[3], LBD_FAMILY_V6)))
 				return XDP_PASS;
 		}
-		__builtin_memcpy(pk.flow.saddr, ip6->saddr, 16);
-		__builtin_memcpy(pk.flow.daddr, ip6->daddr, 16);
-		pk.flow.family = LBD_FAMILY_V6;
+		__builtin_memcpy(pk->flow.saddr, ip6->saddr, 16);
+		__builtin_memcpy(pk->flow.daddr, ip6->daddr, 16);
+		pk->flow.family = LBD_FAMILY_V6;
 	} else {
 		return XDP_PASS;
 	}
 
-	pk.ip_len = pk.p.ip_end - pk.p.l3_off;
-	return lb_handle_vip(ctx, &pk);
+	pk->ip_len = pk->p.ip_end - pk->p.l3_off;
+	return lb_handle_vip(ctx, pk);
+}
+
+SEC("xdp")
+int lb_xdp(struct xdp_md *ctx)
+{
+	struct lb_pkt pk;
+	int verdict;
+
+	__builtin_memset(&pk, 0, sizeof(pk));
+	pk.reason = LB_REASON_NONE;
+	pk.trace = lb_trace_requested(ctx);
+	verdict = lb_process(ctx, &pk);
+	if (pk.trace)
+		lb_trace_record(ctx, &pk);
+	return verdict;
 }

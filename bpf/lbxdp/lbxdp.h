@@ -22,8 +22,10 @@ enum lb_svc_flag {
 	LB_SVC_AFFINITY = 1 << 3,     /* session affinity by client address */
 };
 
-/* Why a packet was dropped (index of lb_drop_stats). A "reject" or "too big"
- * packet is dropped but answered. */
+/* Why a packet left the forwarding path (index of lb_drop_stats). A "reject" or
+ * "too big" packet is dropped but answered; LB_PASS_NO_NEIGH is forwarded through
+ * the kernel. Append new reasons before LB_DROP_MAX: the Go package names them by
+ * index. */
 enum lb_drop_reason {
 	LB_DROP_MALFORMED = 0,     /* headers truncated or inconsistent */
 	LB_DROP_FRAGMENT,          /* IP fragment of VIP traffic */
@@ -32,10 +34,15 @@ enum lb_drop_reason {
 	LB_DROP_REJECTED,          /* no usable backend, answered with RST / unreachable */
 	LB_DROP_TOO_BIG,           /* would exceed the egress MTU, answered with ICMP */
 	LB_DROP_TOO_BIG_UNSIGNALED, /* would exceed the MTU, no ICMP possible (no DF, ICMP error) */
-	LB_DROP_FIB,               /* no route or neighbour toward the backend node */
+	LB_DROP_FIB,               /* FIB lookup failed for another reason than those below */
 	LB_DROP_INTERNAL,          /* a packet-resizing helper failed */
+	LB_DROP_FIB_NO_ROUTE,      /* no route (or an unreachable one) toward the backend node */
+	LB_PASS_NO_NEIGH,          /* next hop unresolved: encapsulated, passed to the kernel */
 	LB_DROP_MAX,
 };
+
+/* lb_trace_meta.reason of a packet that hit no reason above. */
+#define LB_REASON_NONE 0xff
 
 /* TCP-derived state of a conntrack entry; selects its timeout. */
 enum lb_ct_state {
@@ -167,11 +174,16 @@ struct lb_config {
 
 /* Metadata (data_meta) asking for a side-effect-free run: no conntrack,
  * affinity or counter writes. The Go package's Trace puts it in front of a
- * BPF_PROG_TEST_RUN frame; drivers leave data_meta empty. */
+ * BPF_PROG_TEST_RUN frame; drivers leave data_meta empty. The program writes
+ * back why the packet got its verdict, so a trace reports what the datapath
+ * did rather than a guess. */
 #define LB_TRACE_MAGIC 0x6c626474 /* "lbdt" */
 struct lb_trace_meta {
 	__u32 magic;
-	__u32 pad;
+	__u8 reason; /* enum lb_drop_reason, or LB_REASON_NONE */
+	__u8 fib_rc; /* last bpf_fib_lookup result (BPF_FIB_LKUP_RET_*) */
+	__u8 fib_done; /* 1: a FIB lookup ran (fib_rc is meaningful) */
+	__u8 pad;
 };
 
 /* A FIB result toward a backend's node, cached per CPU and per backend ID: a

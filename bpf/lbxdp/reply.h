@@ -225,7 +225,7 @@ LBD_INLINE int lb_no_backend(struct xdp_md *ctx, struct lb_pkt *pk, const struct
 {
 	if (svc->flags & LB_SVC_DROP_NO_BE)
 		return lb_drop(pk, LB_DROP_NO_BACKEND);
-	lb_drop(pk, LB_DROP_REJECTED);
+	lb_note(pk, LB_DROP_REJECTED);
 	if (pk->p.proto == LBD_IPPROTO_TCP) {
 		if (pk->tcp_flags & LBD_TCP_RST)
 			return XDP_DROP; /* never answer a RST */
@@ -256,10 +256,10 @@ LBD_INLINE int lb_too_big(struct xdp_md *ctx, struct lb_pkt *pk, __u32 mtu, __u3
 			return lb_drop(pk, LB_DROP_INTERNAL);
 		if (!(ip->frag_off & bpf_htons(LBD_IP_DF)))
 			return lb_drop(pk, LB_DROP_TOO_BIG_UNSIGNALED);
-		lb_drop(pk, LB_DROP_TOO_BIG);
+		lb_note(pk, LB_DROP_TOO_BIG);
 		return lb_icmp_reply(ctx, pk, LBD_ICMP_DEST_UNREACH, LBD_ICMP_FRAG_NEEDED, usable & 0xffff);
 	}
-	lb_drop(pk, LB_DROP_TOO_BIG);
+	lb_note(pk, LB_DROP_TOO_BIG);
 	return lb_icmp_reply(ctx, pk, LBD_ICMP6_PKT_TOOBIG, 0, usable);
 }
 

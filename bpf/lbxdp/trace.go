@@ -52,17 +52,55 @@ type XDPMD struct {
 // effects.
 const traceMagic = 0x6c626474
 
+// traceMetaLen is sizeof(struct lb_trace_meta).
 const traceMetaLen = 8
+
+// reasonNone mirrors LB_REASON_NONE.
+const reasonNone = 0xff
+
+// TraceResult is what one traced packet went through.
+type TraceResult struct {
+	Verdict Verdict
+	// Frame is the packet as the program left it: encapsulated, a reply, or the input.
+	Frame []byte
+	// Reason is set when the packet hit a counted reason (a drop, an answer, a pass
+	// for neighbour resolution); HasReason says whether it did.
+	Reason    DropReason
+	HasReason bool
+	// FIBResult is the last bpf_fib_lookup result (BPF_FIB_LKUP_RET_*), when
+	// FIBLookedUp; a cached route needs no lookup.
+	FIBResult   FIBResult
+	FIBLookedUp bool
+}
+
+// FIBResult is a bpf_fib_lookup return code.
+type FIBResult uint8
+
+var fibResults = [...]string{"success", "blackhole route", "unreachable route", "prohibit route",
+	"not forwarded (no route)", "forwarding disabled on the ingress interface", "unsupported lightweight tunnel",
+	"next hop not resolved (no neighbour entry)", "fragmentation needed", "no source address"}
+
+func (r FIBResult) String() string {
+	if int(r) < len(fibResults) {
+		return fibResults[r]
+	}
+	return fmt.Sprintf("fib result %d", uint8(r))
+}
 
 // Trace runs the program once on frame, as if received on ingressIfindex,
 // without side effects: conntrack, affinity and counters are read but never
-// written. It returns the verdict and the frame as the program left it (the
-// encapsulated packet, a reply, or the input). The FIB lookup resolves in the
-// calling thread's network namespace, which must be the interface's.
+// written. The FIB lookup resolves in the calling thread's network namespace,
+// which must be the interface's.
 //
 // A flow's answer reflects the current state: an existing conntrack entry
 // wins over the Maglev table, as it would for a real packet.
 func (d *Datapath) Trace(frame []byte, ingressIfindex int) (Verdict, []byte, error) {
+	r, err := d.TraceResult(frame, ingressIfindex)
+	return r.Verdict, r.Frame, err
+}
+
+// TraceResult is Trace with the reasons the program reported for its verdict.
+func (d *Datapath) TraceResult(frame []byte, ingressIfindex int) (TraceResult, error) {
 	in := make([]byte, traceMetaLen+len(frame))
 	binary.NativeEndian.PutUint32(in, traceMagic)
 	copy(in[traceMetaLen:], frame)
@@ -74,10 +112,16 @@ func (d *Datapath) Trace(frame []byte, ingressIfindex int) (Verdict, []byte, err
 	}
 	ret, err := d.objs.LbXdp.Run(&opts)
 	if err != nil {
-		return 0, nil, fmt.Errorf("trace packet: %w", err)
+		return TraceResult{}, fmt.Errorf("trace packet: %w", err)
 	}
 	if len(opts.DataOut) < traceMetaLen {
-		return 0, nil, fmt.Errorf("trace packet: short output of %d bytes", len(opts.DataOut))
+		return TraceResult{}, fmt.Errorf("trace packet: short output of %d bytes", len(opts.DataOut))
 	}
-	return Verdict(ret), opts.DataOut[traceMetaLen:], nil
+	meta := opts.DataOut[:traceMetaLen]
+	r := TraceResult{Verdict: Verdict(ret), Frame: opts.DataOut[traceMetaLen:]}
+	if meta[4] != reasonNone {
+		r.Reason, r.HasReason = DropReason(meta[4]), true
+	}
+	r.FIBResult, r.FIBLookedUp = FIBResult(meta[5]), meta[6] != 0
+	return r, nil
 }

@@ -15,4 +15,17 @@ LBD_INLINE int lb_trace_requested(struct xdp_md *ctx)
 	return (void *)(tm + 1) <= data && tm->magic == LB_TRACE_MAGIC;
 }
 
+/* Write why the packet got its verdict into the metadata, which the packet
+ * helpers kept in front of the (possibly moved) data. */
+LBD_INLINE void lb_trace_record(struct xdp_md *ctx, const struct lb_pkt *pk)
+{
+	struct lb_trace_meta *tm = (void *)(long)ctx->data_meta;
+
+	if ((void *)(tm + 1) > (void *)(long)ctx->data || tm->magic != LB_TRACE_MAGIC)
+		return;
+	tm->reason = pk->reason;
+	tm->fib_rc = pk->fib_rc;
+	tm->fib_done = pk->fib_done;
+}
+
 #endif
