@@ -39,8 +39,10 @@ func newDirect(t *testing.T) *direct {
 	d.be = testnet.NewNS(t, "nhbe-"+s)
 	// The kernel sends a managed entry's neighbour solicitations from the interface's
 	// link-local address, so none leaves while that address is tentative (about 2 s
-	// after the link comes up): the LB's interfaces skip the detection.
+	// after the link comes up), and a tentative address answers none: both sides skip
+	// the detection.
 	d.lb.Sysctl(t, "net.ipv6.conf.default.accept_dad=0")
+	d.be.Sysctl(t, "net.ipv6.conf.default.accept_dad=0")
 	testnet.Veth(t, testnet.VethEnd{NS: d.lb, Name: d.lbIf}, testnet.VethEnd{NS: d.be, Name: d.beIf})
 	d.lb.AddAddr(t, d.lbIf, lbAddr4, lbAddr6)
 	d.be.AddAddr(t, d.beIf, netip.PrefixFrom(node4, 24), netip.PrefixFrom(node4b, 24), netip.PrefixFrom(node6, 64))

@@ -133,6 +133,28 @@ func TestGatewayRoute(t *testing.T) {
 	}
 }
 
+// TestIPv4ViaIPv6: an IPv4 route via an IPv6 next hop (RFC 5549, as BGP unnumbered
+// installs) has that next hop managed, not an ARP entry for the node.
+func TestIPv4ViaIPv6(t *testing.T) {
+	d := newDirect(t)
+	ll := d.be.Exec(t, "ip", "-6", "-o", "addr", "show", "dev", d.beIf, "scope", "link")
+	f := strings.Fields(ll) // "3: b-x inet6 fe80::…/64 scope link …"
+	if len(f) < 4 {
+		t.Fatalf("backend link-local address: %q", ll)
+	}
+	gw := netip.MustParsePrefix(f[3]).Addr()
+	node := netip.MustParseAddr("198.18.9.9")
+	d.lb.IP(t, "route add 198.18.9.0/24 via inet6 "+gw.String()+" dev "+d.lbIf)
+	tr := startTracker(t, d.lb, Options{}, node)
+	p, _ := waitPath(t, tr.Tracker, node, 5*time.Second, "managed and REACHABLE", managedReachable)
+	if p.NextHop != gw || p.Interface != d.lbIf || !strings.HasPrefix(p.Reason, "via "+gw.String()+" dev "+d.lbIf) {
+		t.Errorf("path %+v, want next hop %s", p, gw)
+	}
+	if line := neigh(t, d.lb, d.lbIf, gw); !isManagedLine(line) {
+		t.Errorf("next hop's entry: %q", line)
+	}
+}
+
 // TestInterfaceDown: the backend's interface going down takes the LB side's carrier
 // (and the kernel flushes its entries): unreachable at once, reachable again when up.
 func TestInterfaceDown(t *testing.T) {
