@@ -38,8 +38,9 @@
 // On a kernel without managed entries the tracker logs one warning and goes on
 // computing paths. Next hops then resolve the classic way: a packet the XDP program
 // hands to the kernel makes it resolve the neighbour and forward the packet. The
-// tracker nudges (NTF_USE) a missing or FAILED next hop at most once per Resync, so
-// that a node that failed once is found again even when no traffic goes its way.
+// tracker nudges (NTF_USE) a missing or FAILED next hop when it first sees it and
+// then every Resync, so that a node that failed once is found again even when no
+// traffic goes its way.
 //
 // # Events
 //

@@ -100,8 +100,8 @@ type Tracker struct {
 	pending   []recordEntry    // recorded entries whose interface was not looked up yet
 	dirty     bool             // owned or pending changed since the record was written
 	failed    map[nhKey]bool   // next hops whose entry went FAILED and has not answered since
-	poked     map[nhKey]time.Time
-	noManaged bool // the kernel refused managed entries: stop asking
+	poked     map[nhKey]bool   // next hops nudged already (kernels without managed entries)
+	noManaged bool             // the kernel refused managed entries: stop asking
 }
 
 // New returns a Tracker for the network namespace of the calling thread. It reads
@@ -126,7 +126,7 @@ func New(opts Options) (*Tracker, error) {
 		owned:      map[nhKey]string{},
 		pending:    entries,
 		failed:     map[nhKey]bool{},
-		poked:      map[nhKey]time.Time{},
+		poked:      map[nhKey]bool{},
 	}
 	if t.log == nil {
 		t.log = hclog.NewNullLogger()

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -278,15 +277,16 @@ func (t *Tracker) observe(rs *pass, k nhKey, created bool) neighbour {
 
 // nudge asks the kernel to resolve a next hop (NTF_USE) on kernels without managed
 // entries: a missing or FAILED entry is otherwise only probed when a packet needs it,
-// and a node that is not advertised gets no packets. Once per Resync at most.
+// and a node that is not advertised gets no packets. It does so when it first sees
+// the next hop and then on the Resync resolutions, not on every notification.
 func (t *Tracker) nudge(rs *pass, k nhKey, n netlink.Neigh, found, periodic bool) {
 	if found && n.State != unix.NUD_FAILED {
 		return
 	}
-	if last, ok := t.poked[k]; ok && !periodic && time.Since(last) < t.resync {
+	if t.poked[k] && !periodic {
 		return
 	}
-	t.poked[k] = time.Now()
+	t.poked[k] = true
 	err := rs.h.NeighSet(&netlink.Neigh{LinkIndex: k.ifindex, IP: k.addr.AsSlice(), Flags: netlink.NTF_USE})
 	rs.forget(k)
 	if err != nil {
