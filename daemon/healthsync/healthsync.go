@@ -142,7 +142,7 @@ func newSyncer(st *store.Store, o Options) *syncer {
 		RootCAs:     o.RootCAs,
 		Damping:     o.Damping,
 	})
-	snap, unlisten := st.SnapshotAndListen(s.enqueue)
+	snap, _, unlisten := st.SnapshotAndListen(s.enqueue)
 	s.unlisten = unlisten
 	for _, svc := range snap {
 		s.pending[svc.Name] = change{svc: svc}

@@ -38,9 +38,13 @@ type Reconciler struct {
 
 	mu      sync.Mutex
 	pending map[string]store.Event // latest change per service name
+	lastSeq uint64                 // Seq of the last event enqueued
 	wake    chan struct{}
 
 	applied map[string]*lbdv1.Service // what the datapath holds, by name; run goroutine only
+	// failed holds the Seq of each service whose last change the datapath refused: IDs
+	// that change released stay held (store.Reconciled) until it is applied.
+	failed map[string]uint64
 	// Observe, when set, is called after each service is applied with how long it took
 	// from the change to the datapath (for metrics).
 	Observe func(time.Duration)
@@ -51,24 +55,26 @@ func New(st *store.Store, dp Datapath, log hclog.Logger) *Reconciler {
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
-	return &Reconciler{st: st, dp: dp, log: log, pending: map[string]store.Event{}, wake: make(chan struct{}, 1), applied: map[string]*lbdv1.Service{}}
+	return &Reconciler{st: st, dp: dp, log: log, pending: map[string]store.Event{}, wake: make(chan struct{}, 1),
+		applied: map[string]*lbdv1.Service{}, failed: map[string]uint64{}}
 }
 
 // Run syncs the datapath with the store, then applies changes until ctx ends.
 func (r *Reconciler) Run(ctx context.Context) error {
-	snap, cancel := r.st.SnapshotAndListen(r.enqueue)
+	snap, seq, cancel := r.st.SnapshotAndListen(r.enqueue)
 	defer cancel()
 	slots, err := r.dp.Sync(ctx, snap)
 	if err != nil {
 		for _, svc := range snap {
-			r.report(svc, err, nil)
+			r.report(svc, seq, err, nil)
 		}
 		return fmt.Errorf("initial datapath sync: %w", err)
 	}
 	for _, svc := range snap {
 		r.applied[svc.Name] = svc
-		r.report(svc, nil, slots[svc.Name])
+		r.report(svc, seq, nil, slots[svc.Name])
 	}
+	r.st.Reconciled(seq)
 	r.log.Info("datapath synced", "op", "reconcile", "services", len(snap))
 	for {
 		select {
@@ -77,12 +83,21 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		case <-r.wake:
 		}
 		r.mu.Lock()
-		batch := r.pending
+		batch, upTo := r.pending, r.lastSeq
 		r.pending = map[string]store.Event{}
 		r.mu.Unlock()
 		for _, name := range slices.Sorted(maps.Keys(batch)) {
-			r.apply(ctx, batch[name])
+			ev := batch[name]
+			if err := r.apply(ctx, ev); err != nil {
+				r.failed[name] = ev.Seq
+			} else {
+				delete(r.failed, name)
+			}
 		}
+		for _, s := range r.failed {
+			upTo = min(upTo, s-1)
+		}
+		r.st.Reconciled(upTo)
 	}
 }
 
@@ -93,6 +108,7 @@ func (r *Reconciler) enqueue(evs []store.Event) {
 		if !ev.StatusOnly && ev.Type != store.Node {
 			r.pending[ev.Name] = ev
 		}
+		r.lastSeq = max(r.lastSeq, ev.Seq)
 	}
 	r.mu.Unlock()
 	select {
@@ -101,22 +117,22 @@ func (r *Reconciler) enqueue(evs []store.Event) {
 	}
 }
 
-func (r *Reconciler) apply(ctx context.Context, ev store.Event) {
+func (r *Reconciler) apply(ctx context.Context, ev store.Event) error {
 	start := time.Now()
 	old := r.applied[ev.Name]
 	if old != nil && (ev.Type == store.Deleted || old.Id != ev.Service.Id) {
 		if err := r.dp.Delete(ctx, old); err != nil {
 			r.log.Error("datapath delete failed", "op", "reconcile", "service", ev.Name, "error", err)
 			if ev.Type != store.Deleted {
-				r.report(ev.Service, err, nil)
+				r.report(ev.Service, ev.Seq, err, nil)
 			}
-			return
+			return err
 		}
 		delete(r.applied, ev.Name)
 	}
 	if ev.Type == store.Deleted {
 		r.observe(start)
-		return
+		return nil
 	}
 	slots, err := r.dp.Upsert(ctx, ev.Service)
 	if err != nil {
@@ -124,8 +140,9 @@ func (r *Reconciler) apply(ctx context.Context, ev store.Event) {
 	} else {
 		r.applied[ev.Name] = ev.Service
 	}
-	r.report(ev.Service, err, slots)
+	r.report(ev.Service, ev.Seq, err, slots)
 	r.observe(start)
+	return err
 }
 
 func (r *Reconciler) observe(start time.Time) {
@@ -134,8 +151,8 @@ func (r *Reconciler) observe(start time.Time) {
 	}
 }
 
-func (r *Reconciler) report(svc *lbdv1.Service, err error, slots map[uint32]uint32) {
-	if rerr := r.st.ReportDatapath(svc.Name, svc.Revision, err, slots); rerr != nil && rerr != store.ErrStaleRevision {
+func (r *Reconciler) report(svc *lbdv1.Service, seq uint64, err error, slots map[uint32]uint32) {
+	if rerr := r.st.ReportDatapath(svc.Name, svc.Revision, seq, err, slots); rerr != nil && rerr != store.ErrStaleRevision {
 		r.log.Warn("cannot report datapath result", "op", "reconcile", "service", svc.Name, "error", rerr)
 	}
 }

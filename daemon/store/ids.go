@@ -3,23 +3,59 @@ package store
 import "slices"
 
 // idAlloc hands out the smallest free identifier, so datapath IDs stay dense (they index
-// BPF maps) and are reused only after their owner is gone.
+// BPF maps) and are reused only after their owner is gone, and, when hold is set, only
+// after the datapath applied the owner's removal (Store.Reconciled).
 type idAlloc struct {
 	next uint32   // smallest ID never handed out
 	free []uint32 // released IDs below next, ascending
+	hold bool
+	held []heldID // released IDs waiting for the datapath
 }
 
-// newIDAlloc rebuilds an allocator from the IDs in use (restored state).
-func newIDAlloc(used []uint32) idAlloc {
+// heldID is an ID released by the change with Seq seq.
+type heldID struct {
+	id  uint32
+	seq uint64
+}
+
+// newIDAlloc rebuilds an allocator from the IDs in use (restored state). With hold, the
+// gaps are held until the first Reconciled: a datapath left by an earlier daemon may
+// still hold entries under them.
+func newIDAlloc(used []uint32, hold bool) idAlloc {
 	slices.Sort(used)
-	a := idAlloc{next: 1}
+	a := idAlloc{next: 1, hold: hold}
+	var gaps []uint32
 	for _, id := range used {
 		for ; a.next < id; a.next++ {
-			a.free = append(a.free, a.next)
+			gaps = append(gaps, a.next)
 		}
 		a.next = id + 1
 	}
+	if hold {
+		for _, id := range gaps {
+			a.held = append(a.held, heldID{id: id})
+		}
+	} else {
+		a.free = gaps
+	}
 	return a
+}
+
+// release frees the held IDs released by changes up to seq.
+func (a *idAlloc) release(seq uint64) {
+	n := 0
+	for _, h := range a.held {
+		if h.seq <= seq {
+			a.free = append(a.free, h.id)
+		} else {
+			a.held[n] = h
+			n++
+		}
+	}
+	if n < len(a.held) {
+		a.held = a.held[:n]
+		slices.Sort(a.free)
+	}
 }
 
 // idTxn allocates and releases IDs tentatively; commit makes it final. IDs released in a
@@ -46,8 +82,17 @@ func (t *idTxn) get() uint32 {
 
 func (t *idTxn) put(id uint32) { t.released = append(t.released, id) }
 
-func (t *idTxn) commit() {
-	free := append(slices.Clone(t.a.free[t.taken:]), t.released...)
+// commit makes the transaction final; its released IDs are free at once, or held until
+// the change with Seq seq is reconciled.
+func (t *idTxn) commit(seq uint64) {
+	free := slices.Clone(t.a.free[t.taken:])
+	if t.a.hold {
+		for _, id := range t.released {
+			t.a.held = append(t.a.held, heldID{id: id, seq: seq})
+		}
+	} else {
+		free = append(free, t.released...)
+	}
 	slices.Sort(free)
 	t.a.free, t.a.next = free, t.next
 }

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
@@ -13,10 +15,12 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
-// usable reports whether a backend takes new flows: active and not marked down.
+// usable reports whether a backend takes new flows: active, not marked down, and its
+// node not known to be unreachable from this node.
 func usable(b *lbdv1.Backend, h *lbdv1.BackendHealth) bool {
 	active := b.State == lbdv1.BackendState_BACKEND_STATE_ACTIVE
-	return active && (h == nil || h.State != lbdv1.HealthState_HEALTH_STATE_DOWN)
+	return active && (h == nil || h.State != lbdv1.HealthState_HEALTH_STATE_DOWN) &&
+		b.NodeReachability != lbdv1.Reachability_REACHABILITY_UNREACHABLE
 }
 
 // withStatus returns a copy of svc with its output-only fields filled. Caller holds mu.
@@ -24,12 +28,19 @@ func (s *Store) withStatus(svc *lbdv1.Service) *lbdv1.Service {
 	out := proto.Clone(svc).(*lbdv1.Service)
 	rt := s.status[svc.Name]
 	var n, draining, disabled, down int
+	var unreachable []string // why, per unreachable node, in backend order
 	for _, b := range out.Backends {
 		if rt != nil {
 			if h := rt.health[b.Id]; h != nil {
 				b.Health = proto.Clone(h).(*lbdv1.BackendHealth)
 			}
 			b.TableSlots = rt.tableSlots[b.Id]
+		}
+		if r, ok := s.nodeReach(b); ok {
+			b.NodeReachability = lbdv1.Reachability_REACHABILITY_REACHABLE
+			if !r.Reachable {
+				b.NodeReachability = lbdv1.Reachability_REACHABILITY_UNREACHABLE
+			}
 		}
 		switch {
 		case usable(b, b.Health):
@@ -38,9 +49,17 @@ func (s *Store) withStatus(svc *lbdv1.Service) *lbdv1.Service {
 			draining++
 		case b.State == lbdv1.BackendState_BACKEND_STATE_DISABLED:
 			disabled++
+		case b.NodeReachability == lbdv1.Reachability_REACHABILITY_UNREACHABLE:
+			if r, _ := s.nodeReach(b); !slices.Contains(unreachable, r.Reason) {
+				unreachable = append(unreachable, r.Reason)
+			}
 		default:
 			down++
 		}
+	}
+	why := ""
+	if len(unreachable) > 0 {
+		why = "; unreachable: " + strings.Join(unreachable, "; ")
 	}
 	st := &lbdv1.ServiceStatus{UsableBackends: uint32(n), AdvertiseReason: s.opts.AdvertiseReason}
 	if st.AdvertiseReason == "" {
@@ -54,15 +73,19 @@ func (s *Store) withStatus(svc *lbdv1.Service) *lbdv1.Service {
 		st.State, st.Reason = lbdv1.ServiceState_SERVICE_STATE_PENDING, s.opts.StatusReason
 	case rt == nil || rt.appliedRevision < svc.Revision:
 		st.State, st.Reason = lbdv1.ServiceState_SERVICE_STATE_PENDING, fmt.Sprintf("revision %d not yet programmed into the datapath", svc.Revision)
+	case rt.appliedSeq < rt.wantSeq:
+		st.State, st.Reason = lbdv1.ServiceState_SERVICE_STATE_PENDING,
+			"the backends that take new flows changed (health or next hop); not yet programmed into the datapath"
 	case rt.datapathErr != "":
 		st.State, st.Reason = lbdv1.ServiceState_SERVICE_STATE_ERROR, "datapath: "+rt.datapathErr
 	case len(out.Backends) == 0:
 		st.State, st.Reason = lbdv1.ServiceState_SERVICE_STATE_NO_BACKENDS, "the service has no backends; new flows are "+noBackendVerb(svc)
 	case n == 0:
 		st.State, st.Reason = lbdv1.ServiceState_SERVICE_STATE_NO_BACKENDS,
-			fmt.Sprintf("none of %d backends is usable (%d draining, %d disabled, %d down); new flows are %s", len(out.Backends), draining, disabled, down, noBackendVerb(svc))
+			fmt.Sprintf("none of %d backends is usable (%d draining, %d disabled, %d down%s); new flows are %s",
+				len(out.Backends), draining, disabled, down, why, noBackendVerb(svc))
 	default:
-		st.State, st.Reason = lbdv1.ServiceState_SERVICE_STATE_READY, fmt.Sprintf("%d of %d backends usable", n, len(out.Backends))
+		st.State, st.Reason = lbdv1.ServiceState_SERVICE_STATE_READY, fmt.Sprintf("%d of %d backends usable%s", n, len(out.Backends), why)
 	}
 	if rt != nil && !rt.updated.IsZero() {
 		st.UpdateTime = timestamppb.New(rt.updated)
@@ -104,8 +127,13 @@ func (s *Store) editRuntime(name string, edit func(svc *lbdv1.Service, rt *servi
 		s.mu.Unlock()
 		return err
 	}
-	s.status[name].updated = time.Now()
-	ev := Event{Type: Modified, Name: name, Service: s.withStatus(svc), StatusOnly: statusOnly}
+	s.seq++
+	rt := s.status[name]
+	rt.updated = time.Now()
+	if !statusOnly {
+		rt.wantSeq = s.seq
+	}
+	ev := Event{Type: Modified, Name: name, Service: s.withStatus(svc), StatusOnly: statusOnly, Seq: s.seq}
 	s.mu.Unlock()
 	s.notify([]Event{ev})
 	return nil
@@ -114,16 +142,16 @@ func (s *Store) editRuntime(name string, edit func(svc *lbdv1.Service, rt *servi
 // ErrStaleRevision is returned by ReportDatapath for a revision that is no longer current.
 var ErrStaleRevision = errors.New("stale revision")
 
-// ReportDatapath records that the datapath programmed revision of a service, with an
-// error or with each backend's share of the Maglev table. Reports for a service that no
-// longer exists or for an older revision than already reported are ignored with
-// ErrStaleRevision.
-func (s *Store) ReportDatapath(name string, revision uint64, err error, tableSlots map[uint32]uint32) error {
+// ReportDatapath records that the datapath programmed a service as of the event (or
+// snapshot) with Seq seq, at the given revision, with an error or with each backend's
+// share of the Maglev table. Reports for a service that no longer exists, or older than
+// one already reported, are ignored with ErrStaleRevision.
+func (s *Store) ReportDatapath(name string, revision, seq uint64, err error, tableSlots map[uint32]uint32) error {
 	rerr := s.editRuntime(name, func(svc *lbdv1.Service, rt *serviceRuntime) (bool, bool, error) {
-		if revision > svc.Revision || revision < rt.appliedRevision {
+		if revision > svc.Revision || revision < rt.appliedRevision || seq < rt.appliedSeq {
 			return false, false, ErrStaleRevision
 		}
-		rt.appliedRevision, rt.datapathErr, rt.tableSlots = revision, "", tableSlots
+		rt.appliedRevision, rt.appliedSeq, rt.datapathErr, rt.tableSlots = revision, seq, "", tableSlots
 		if err != nil {
 			rt.datapathErr = err.Error()
 		}
@@ -133,6 +161,17 @@ func (s *Store) ReportDatapath(name string, revision uint64, err error, tableSlo
 		return ErrStaleRevision
 	}
 	return rerr
+}
+
+// Reconciled tells the store that the datapath applied every change up to Seq seq, so
+// IDs those changes released may be handed out again (Options.HoldIDs).
+func (s *Store) Reconciled(seq uint64) {
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.svcIDs.release(seq)
+	s.beIDs.release(seq)
 }
 
 // SetAdvertised records whether the BGP advertiser announces the service's VIP, and
@@ -146,6 +185,68 @@ func (s *Store) SetAdvertised(name string, advertised bool, reason string) error
 		rt.hasAdvertise, rt.advertised, rt.advertiseReason = true, advertised, reason
 		return true, true, nil
 	})
+}
+
+// NodeReach is whether this node reaches a backend node (the LB role's next hop
+// tracker says), and why or why not.
+type NodeReach struct {
+	Reachable bool
+	Reason    string
+}
+
+// nodeReach is what is known of a backend's node. Caller holds mu.
+func (s *Store) nodeReach(b *lbdv1.Backend) (NodeReach, bool) {
+	if len(s.nodes) == 0 {
+		return NodeReach{}, false
+	}
+	a, err := netip.ParseAddr(b.NodeAddress)
+	if err != nil {
+		return NodeReach{}, false
+	}
+	r, ok := s.nodes[a.Unmap()]
+	return r, ok
+}
+
+// SetNodeReachability records which backend nodes this node reaches (replacing what it
+// held). A backend whose node is unreachable takes no new flows here: services whose
+// usable backends change are sent to the reconciler, the others get a status update.
+func (s *Store) SetNodeReachability(nodes map[netip.Addr]NodeReach) {
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	s.mu.Lock()
+	old := s.nodes
+	s.nodes = maps.Clone(nodes)
+	s.seq++
+	var events []Event
+	for _, name := range slices.Sorted(maps.Keys(s.services)) {
+		svc := s.services[name]
+		changed, usability := false, false
+		for _, b := range svc.Backends {
+			a, err := netip.ParseAddr(b.NodeAddress)
+			if err != nil {
+				continue
+			}
+			o, hadOld := old[a.Unmap()]
+			n, hasNew := nodes[a.Unmap()]
+			if hadOld != hasNew || o != n {
+				changed = true
+				if (hadOld && !o.Reachable) != (hasNew && !n.Reachable) {
+					usability = true
+				}
+			}
+		}
+		if !changed {
+			continue
+		}
+		rt := s.runtime(name)
+		rt.updated = time.Now()
+		if usability {
+			rt.wantSeq = s.seq
+		}
+		events = append(events, Event{Type: Modified, Name: name, Service: s.withStatus(svc), StatusOnly: !usability, Seq: s.seq})
+	}
+	s.mu.Unlock()
+	s.notify(events)
 }
 
 // SetBackendHealth records the health of a backend (by ID) of a service. The health

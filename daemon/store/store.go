@@ -14,10 +14,10 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/lbd-dev/lbd/daemon/lock"
 	statev1 "github.com/lbd-dev/lbd/proto/lbd/state/v1"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 )
@@ -46,6 +46,9 @@ type Event struct {
 	// output-only status): the reconciler ignores those. Health changes are not
 	// StatusOnly, since they change which backends take new flows.
 	StatusOnly bool
+	// Seq orders every batch of events the store emits (and its snapshots): the
+	// reconciler reports which Seq the datapath applied (ReportDatapath, Reconciled).
+	Seq uint64
 }
 
 // Listener receives changes in commit order. It is called with the store's write lock
@@ -63,13 +66,18 @@ type Options struct {
 	StatusReason string
 	// AdvertiseReason explains why VIPs are not advertised while the node runs no BGP.
 	AdvertiseReason string
+	// HoldIDs keeps the IDs of removed services and backends from being handed out
+	// again until Reconciled says the datapath applied their removal: conntrack entries
+	// and pending datapath operations refer to IDs, and a new owner must never meet
+	// them. Set it when a reconciler runs; without one, IDs are free at once.
+	HoldIDs bool
 }
 
 // Store is the desired-state store. It is safe for concurrent use.
 type Store struct {
 	opts Options
 	log  hclog.Logger
-	lock *os.File
+	lock *lock.Held
 
 	writeMu sync.Mutex // serializes transactions, held while the state file is written
 
@@ -81,6 +89,8 @@ type Store struct {
 	svcIDs    idAlloc
 	beIDs     idAlloc
 	status    map[string]*serviceRuntime
+	nodes     map[netip.Addr]NodeReach // what this LB node knows of each backend node's reachability
+	seq       uint64                   // Seq of the last batch of events
 	listeners map[int]Listener
 	nextLID   int
 }
@@ -89,10 +99,14 @@ type Store struct {
 // and the health checker; it is not persisted.
 type serviceRuntime struct {
 	appliedRevision uint64
-	datapathErr     string
-	tableSlots      map[uint32]uint32
-	health          map[uint32]*lbdv1.BackendHealth
-	updated         time.Time
+	// wantSeq is the Seq of the last event the datapath must apply for the service (a
+	// spec change, or a change of which backends are usable); appliedSeq the last one
+	// it reported. The service is PENDING while they differ.
+	wantSeq, appliedSeq uint64
+	datapathErr         string
+	tableSlots          map[uint32]uint32
+	health              map[uint32]*lbdv1.BackendHealth
+	updated             time.Time
 	// advertised and advertiseReason come from the BGP advertiser; hasAdvertise is false
 	// until it reported.
 	hasAdvertise    bool
@@ -144,15 +158,11 @@ func (s *Store) lockDir() error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("create state directory: %w", err)
 	}
-	f, err := os.OpenFile(s.opts.Path+".lock", os.O_CREATE|os.O_RDWR, 0o600)
+	l, err := lock.Acquire(s.opts.Path+".lock", "state file "+s.opts.Path)
 	if err != nil {
-		return fmt.Errorf("open state lock: %w", err)
+		return err
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
-		return fmt.Errorf("lock %s: another lbd uses this state file: %w", f.Name(), err)
-	}
-	s.lock = f
+	s.lock = l
 	return nil
 }
 
@@ -161,7 +171,7 @@ func (s *Store) Close() error {
 	if s.lock == nil {
 		return nil
 	}
-	err := s.lock.Close()
+	err := s.lock.Release()
 	s.lock = nil
 	return err
 }
@@ -170,7 +180,7 @@ func (s *Store) Close() error {
 // itself could not have written is not trusted.
 func (s *Store) restore(st *statev1.State) error {
 	if st == nil {
-		s.svcIDs, s.beIDs = newIDAlloc(nil), newIDAlloc(nil)
+		s.svcIDs, s.beIDs = newIDAlloc(nil, s.opts.HoldIDs), newIDAlloc(nil, s.opts.HoldIDs)
 		return nil
 	}
 	var svcIDs, beIDs []uint32
@@ -224,22 +234,24 @@ func (s *Store) restore(st *statev1.State) error {
 		s.peers[p.Address] = p
 	}
 	s.drained = st.NodeDrained
-	s.svcIDs, s.beIDs = newIDAlloc(svcIDs), newIDAlloc(beIDs)
+	s.svcIDs, s.beIDs = newIDAlloc(svcIDs, s.opts.HoldIDs), newIDAlloc(beIDs, s.opts.HoldIDs)
 	return nil
 }
 
-// SnapshotAndListen returns the current services and registers l for every change after
-// them, with no change lost or seen twice in between. The returned function unregisters l.
-func (s *Store) SnapshotAndListen(l Listener) ([]*lbdv1.Service, func()) {
+// SnapshotAndListen returns the current services, the Seq they reflect, and registers l
+// for every change after them, with no change lost or seen twice in between. The
+// returned function unregisters l.
+func (s *Store) SnapshotAndListen(l Listener) ([]*lbdv1.Service, uint64, func()) {
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
 	s.mu.Lock()
 	id := s.nextLID
 	s.nextLID++
 	s.listeners[id] = l
+	seq := s.seq
 	s.mu.Unlock()
 	snap := s.ListServices("")
-	return snap, func() {
+	return snap, seq, func() {
 		s.writeMu.Lock()
 		defer s.writeMu.Unlock()
 		s.mu.Lock()

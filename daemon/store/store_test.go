@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -148,7 +149,7 @@ func TestFailedWriteLeavesStateUnchanged(t *testing.T) {
 		t.Fatal(err)
 	}
 	var events int
-	_, stop := s.SnapshotAndListen(func(evs []Event) { events += len(evs) })
+	_, _, stop := s.SnapshotAndListen(func(evs []Event) { events += len(evs) })
 	defer stop()
 	// A directory where the temporary file should go makes every write fail.
 	if err := os.Chmod(dir, 0o500); err != nil {
@@ -168,7 +169,7 @@ func TestFailedWriteLeavesStateUnchanged(t *testing.T) {
 }
 
 func TestIDAllocReusesLowestFreeAfterCommit(t *testing.T) {
-	a := newIDAlloc([]uint32{5, 2, 3})
+	a := newIDAlloc([]uint32{5, 2, 3}, false)
 	tx := a.begin()
 	got := []uint32{tx.get(), tx.get(), tx.get()}
 	tx.put(2)
@@ -181,7 +182,7 @@ func TestIDAllocReusesLowestFreeAfterCommit(t *testing.T) {
 	if id := tx.get(); id != 7 {
 		t.Errorf("ID released in the same transaction was reused: %d", id)
 	}
-	tx.commit()
+	tx.commit(1)
 	tx = a.begin()
 	if id := tx.get(); id != 2 {
 		t.Errorf("after commit got %d, want 2", id)
@@ -190,5 +191,31 @@ func TestIDAllocReusesLowestFreeAfterCommit(t *testing.T) {
 	tx2 := a.begin()
 	if id := tx2.get(); id != 2 {
 		t.Errorf("aborted transaction leaked an ID: got %d", id)
+	}
+}
+
+// TestIDAllocHolds: with hold, a released ID (and, after a restore, every gap) comes
+// back only once the change that released it is reconciled.
+func TestIDAllocHolds(t *testing.T) {
+	a := newIDAlloc([]uint32{3}, true)
+	tx := a.begin()
+	if id := tx.get(); id != 4 {
+		t.Fatalf("gaps of a restored state handed out before the first reconcile: got %d, want 4", id)
+	}
+	tx.put(3)
+	tx.commit(7)
+	a.release(0) // the first reconcile (snapshot Seq 0) frees the gaps only
+	tx = a.begin()
+	if got := []uint32{tx.get(), tx.get(), tx.get()}; fmt.Sprint(got) != "[1 2 5]" {
+		t.Fatalf("after the first reconcile: %v, want [1 2 5] (3 still held)", got)
+	}
+	a.release(6)
+	if tx = a.begin(); tx.get() != 1 || tx.get() != 2 || tx.get() != 5 {
+		t.Fatal("an ID was freed before the change that released it was reconciled")
+	}
+	a.release(7)
+	tx = a.begin()
+	if got := []uint32{tx.get(), tx.get(), tx.get()}; fmt.Sprint(got) != "[1 2 3]" {
+		t.Fatalf("after the release is reconciled: %v, want [1 2 3]", got)
 	}
 }

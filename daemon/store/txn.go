@@ -74,9 +74,11 @@ func (t *txn) commit() error {
 	}
 	s.mu.Lock()
 	s.services, s.frontends, s.peers, s.drained = t.services, t.frontends, t.peers, t.drained
-	t.svcIDs.commit()
-	t.beIDs.commit()
+	s.seq++
+	t.svcIDs.commit(s.seq)
+	t.beIDs.commit(s.seq)
 	for i, ev := range t.events {
+		t.events[i].Seq = s.seq
 		if ev.Type == Node {
 			continue
 		}
@@ -84,6 +86,7 @@ func (t *txn) commit() error {
 			delete(s.status, ev.Name)
 			continue
 		}
+		s.runtime(ev.Name).wantSeq = s.seq
 		// Output-only data of backends that left the service must not pass to a new
 		// backend that reuses the ID.
 		if rt := s.status[ev.Name]; rt != nil {
