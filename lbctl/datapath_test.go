@@ -38,6 +38,9 @@ type fakeDatapath struct {
 	statsN   int
 	detaches int
 	detached bool
+	// hops and drift answer GetNode's next hops and VerifyNode.
+	hops  []*lbdv1.NextHop
+	drift []*lbdv1.Drift
 }
 
 func (f *fakeDatapath) TraceFlow(_ context.Context, r *lbdv1.TraceFlowRequest) (*lbdv1.TraceFlowResponse, error) {
@@ -88,6 +91,25 @@ func (f *fakeDatapath) Attached() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return !f.detached
+}
+
+func (f *fakeDatapath) Ready() (bool, string) {
+	if !f.Attached() {
+		return false, "the datapath is detached"
+	}
+	return true, "datapath attached"
+}
+
+func (f *fakeDatapath) NextHops() []*lbdv1.NextHop { return f.hops }
+
+func (f *fakeDatapath) Verify(context.Context) ([]*lbdv1.Drift, error) { return f.drift, nil }
+
+func (f *fakeDatapath) DriftCounts() map[string]uint64 {
+	out := map[string]uint64{}
+	for _, d := range f.drift {
+		out[d.Kind]++
+	}
+	return out
 }
 
 // calls is the number of requests each RPC received.
@@ -499,6 +521,39 @@ func TestDatapathCompletion(t *testing.T) {
 	} {
 		if got := strings.Join(completions(t, srv, tc.args...), " "); "["+got+"]" != tc.want {
 			t.Errorf("complete %v: [%s], want %s", tc.args, got, tc.want)
+		}
+	}
+}
+
+// TestNodeVerifyAndNextHops: node verify lists what the datapath repaired (or says it
+// matched), and node get shows readiness, repair counts and the path toward every
+// backend node.
+func TestNodeVerifyAndNextHops(t *testing.T) {
+	f := &fakeDatapath{
+		hops: []*lbdv1.NextHop{{NodeAddress: "198.18.0.21", Reachable: true, NextHop: "198.18.0.21", Interface: "eth1",
+			Source: "198.18.0.11", Neighbour: "REACHABLE", Managed: true, Reason: "on-link dev eth1"},
+			{NodeAddress: "198.18.0.22", Reason: "no route to backend node 198.18.0.22"}},
+	}
+	srv := startFake(t, f)
+	if out := ok(t, srv, "node", "verify"); out != "datapath verified: it matches the desired state\n" {
+		t.Errorf("node verify with nothing to repair:\n%s", out)
+	}
+	f.drift = []*lbdv1.Drift{{Kind: "backend", Description: "backend 3 of service web: missing"}}
+	out := ok(t, srv, "node", "verify")
+	if !strings.Contains(out, "KIND") || !strings.Contains(out, "backend  backend 3 of service web: missing") {
+		t.Errorf("node verify:\n%s", out)
+	}
+	var resp lbdv1.VerifyNodeResponse
+	parseJSON(t, ok(t, srv, "node", "verify", "-o", "json"), &resp)
+	if len(resp.Repaired) != 1 || resp.Repaired[0].Kind != "backend" {
+		t.Errorf("node verify -o json: %v", &resp)
+	}
+	out = ok(t, srv, "node", "get")
+	for _, want := range []string{"Ready:     yes", "Repaired:  backend 1",
+		"198.18.0.21   yes        198.18.0.21  eth1       198.18.0.11  REACHABLE (managed)",
+		"198.18.0.22   no         -", "no route to backend node 198.18.0.22"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("node get lacks %q:\n%s", want, out)
 		}
 	}
 }

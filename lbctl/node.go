@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -12,12 +14,46 @@ import (
 )
 
 func (a *app) nodeCommand() *cobra.Command {
-	return group("node", "Show, drain and detach this lbd node",
+	return group("node", "Show, drain, verify and detach this lbd node",
 		a.nodeGetCommand(),
 		a.nodeDrainCommand(true),
 		a.nodeDrainCommand(false),
+		a.nodeVerifyCommand(),
 		a.nodeDetachCommand(),
 	)
+}
+
+func (a *app) nodeVerifyCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "verify",
+		Short: "Read the datapath back now, repair what differs from the desired state, and say what",
+		Long: `Read the node's BPF maps and program attachments back, compare them with the desired
+state, repair every difference and list what was repaired. lbd does the same on its own
+every datapath.verify_interval; this runs it at once.`,
+		Args: exactArgs(),
+		RunE: a.run(func(ctx context.Context, _ *cobra.Command, _ []string) error {
+			nc, err := a.node()
+			if err != nil {
+				return err
+			}
+			resp, err := nc.VerifyNode(ctx, &lbdv1.VerifyNodeRequest{})
+			if err != nil {
+				return err
+			}
+			return a.print(resp, func(w io.Writer) {
+				if len(resp.Repaired) == 0 {
+					fmt.Fprintln(w, "datapath verified: it matches the desired state")
+					return
+				}
+				t := newTable(w)
+				row(t, "KIND", "REPAIRED")
+				for _, d := range resp.Repaired {
+					row(t, d.Kind, d.Description)
+				}
+				t.Flush()
+			})
+		}),
+	}
 }
 
 func (a *app) nodeGetCommand() *cobra.Command {
@@ -81,13 +117,39 @@ func (a *app) writeNodeDetail(w io.Writer, n *lbdv1.Node) {
 	if n.DatapathAttached {
 		datapath = "attached"
 	}
+	ready := "no: " + n.ReadyReason
+	if n.Ready {
+		ready = "yes"
+	}
 	t := newTable(w)
 	row(t, "Roles:", dash(strings.Join(n.Roles, ", ")))
 	row(t, "Version:", dash(n.Version))
+	row(t, "Ready:", ready)
 	row(t, "Drained:", yesNo(n.Drained))
 	row(t, "Datapath:", datapath)
 	row(t, "Services:", n.Services)
 	row(t, "Backends:", n.Backends)
 	row(t, "Started:", started)
+	if len(n.DriftRepaired) > 0 {
+		var kinds []string
+		for _, k := range slices.Sorted(maps.Keys(n.DriftRepaired)) {
+			kinds = append(kinds, fmt.Sprintf("%s %d", k, n.DriftRepaired[k]))
+		}
+		row(t, "Repaired:", strings.Join(kinds, ", "))
+	}
+	t.Flush()
+	if len(n.NextHops) == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	t = newTable(w)
+	row(t, "BACKEND NODE", "REACHABLE", "NEXT HOP", "INTERFACE", "SOURCE", "NEIGHBOUR", "REASON")
+	for _, h := range n.NextHops {
+		neigh := h.Neighbour
+		if h.Managed {
+			neigh += " (managed)"
+		}
+		row(t, h.NodeAddress, yesNo(h.Reachable), dash(h.NextHop), dash(h.Interface), dash(h.Source), dash(neigh), h.Reason)
+	}
 	t.Flush()
 }

@@ -213,3 +213,33 @@ func TestJudgeWaitsForTheDatapath(t *testing.T) {
 		}
 	}
 }
+
+// TestJudgeUnreachableNodes: a VIP whose backend nodes this node cannot reach is not
+// announced, whatever the advertise policy; one reachable node is enough.
+func TestJudgeUnreachableNodes(t *testing.T) {
+	c := &Controller{}
+	be := func(r lbdv1.Reachability, st lbdv1.BackendState) *lbdv1.Backend {
+		return &lbdv1.Backend{Address: "198.18.0.21", Port: 80, NodeReachability: r, State: st}
+	}
+	unreachable := lbdv1.Reachability_REACHABILITY_UNREACHABLE
+	for _, tc := range []struct {
+		name      string
+		policy    lbdv1.AdvertisePolicy
+		backends  []*lbdv1.Backend
+		qualifies bool
+	}{
+		{"all unreachable", lbdv1.AdvertisePolicy_ADVERTISE_POLICY_ALWAYS,
+			[]*lbdv1.Backend{be(unreachable, lbdv1.BackendState_BACKEND_STATE_ACTIVE), be(unreachable, lbdv1.BackendState_BACKEND_STATE_DRAINING)}, false},
+		{"a disabled one does not count", lbdv1.AdvertisePolicy_ADVERTISE_POLICY_ALWAYS,
+			[]*lbdv1.Backend{be(unreachable, lbdv1.BackendState_BACKEND_STATE_ACTIVE), be(lbdv1.Reachability_REACHABILITY_REACHABLE, lbdv1.BackendState_BACKEND_STATE_DISABLED)}, false},
+		{"one reachable", lbdv1.AdvertisePolicy_ADVERTISE_POLICY_ALWAYS,
+			[]*lbdv1.Backend{be(unreachable, lbdv1.BackendState_BACKEND_STATE_ACTIVE), be(lbdv1.Reachability_REACHABILITY_UNSPECIFIED, lbdv1.BackendState_BACKEND_STATE_ACTIVE)}, true},
+	} {
+		svc := &lbdv1.Service{Name: "web", Vip: "203.0.113.10", AdvertisePolicy: tc.policy, Backends: tc.backends,
+			Status: &lbdv1.ServiceStatus{State: lbdv1.ServiceState_SERVICE_STATE_READY, UsableBackends: 1}}
+		v := c.judge(svc, true, false)
+		if v.qualifies != tc.qualifies || (!v.qualifies && !strings.Contains(v.why, "reaches none of the service's backend nodes")) {
+			t.Errorf("%s: qualifies %v %q, want %v", tc.name, v.qualifies, v.why, tc.qualifies)
+		}
+	}
+}

@@ -67,6 +67,10 @@ type Controller struct {
 	stateMu     sync.Mutex                    // guards the results of the last pass
 	vipServices map[netip.Prefix][]string     // desired prefixes and the services wanting them
 	storePeers  map[netip.Addr]storePeerState // API peers handed to the speaker
+
+	// qualified holds the services that wanted their VIP in the last pass (passMu): a
+	// change on its way to the datapath does not withdraw them in between.
+	qualified map[string]bool
 }
 
 // storePeerState is an API peer as last handed to the speaker.
@@ -110,7 +114,7 @@ func New(cfg Config, st *store.Store, attached func() bool, restarting bool, log
 // graceful-restart peers (see the package documentation); it returns an error if the
 // speaker does not start.
 func (c *Controller) Run(ctx context.Context) error {
-	snap, unlisten := c.st.SnapshotAndListen(c.onEvents)
+	snap, _, unlisten := c.st.SnapshotAndListen(c.onEvents)
 	defer unlisten()
 	c.mu.Lock()
 	for _, svc := range snap {
@@ -226,13 +230,36 @@ func (c *Controller) pass(ctx context.Context, sp *bgp.Speaker, attached bool) b
 
 	verdicts := make(map[string]verdict, len(svcs))
 	wanted := map[netip.Prefix][]string{}
+	waiting := map[netip.Prefix]string{}
 	for _, svc := range svcs {
 		v := c.judge(svc, attached, drained)
 		verdicts[svc.Name] = v
 		if v.qualifies {
 			wanted[v.prefix] = append(wanted[v.prefix], svc.Name)
 		}
+		if v.waiting {
+			waiting[v.prefix] = svc.Name
+		}
 	}
+	// A VIP goes on the wire only once every service on it is in the datapath: its
+	// clients must not meet a service that refuses them. One already announced stays.
+	c.stateMu.Lock()
+	for p, names := range wanted {
+		if _, announced := c.vipServices[p]; !announced && waiting[p] != "" {
+			for _, name := range names {
+				v := verdicts[name]
+				v.qualifies, v.why = false, "waiting for the datapath to program service "+waiting[p]+" on the same VIP"
+				verdicts[name] = v
+			}
+			delete(wanted, p)
+		}
+	}
+	c.stateMu.Unlock()
+	qualified := make(map[string]bool, len(svcs))
+	for name, v := range verdicts {
+		qualified[name] = v.qualifies
+	}
+	c.qualified = qualified
 	routes := make([]bgp.Route, 0, len(wanted))
 	for p := range wanted {
 		routes = append(routes, route(p.Addr(), c.attrs))
@@ -279,6 +306,8 @@ type verdict struct {
 	name      string
 	prefix    netip.Prefix
 	qualifies bool
+	// waiting: the service is not in the datapath yet (and was not announced before).
+	waiting bool
 	// why the service does not qualify, or why its VIP is invalid.
 	why string
 }
@@ -297,10 +326,18 @@ func (c *Controller) judge(svc *lbdv1.Service, attached, drained bool) verdict {
 		v.why = "datapath detached"
 	case drained:
 		v.why = "node is drained (lbctl node undrain)"
+	case reachesNoBackendNode(svc):
+		// Even an always-advertised VIP would only attract traffic this node cannot send on.
+		v.why = "this node reaches none of the service's backend nodes (the service's status says why)"
+	case svc.GetStatus().GetState() == lbdv1.ServiceState_SERVICE_STATE_PENDING && c.qualified[svc.Name]:
+		// A change on its way to the datapath (a new revision, a backend's health)
+		// keeps an announced VIP: withdrawing it for those milliseconds would only
+		// churn the routers' ECMP sets.
+		v.qualifies = true
 	case svc.GetStatus().GetState() == lbdv1.ServiceState_SERVICE_STATE_PENDING:
 		// Announcing before the Maglev table is in place would send clients to a VIP
 		// that refuses them.
-		v.why = "waiting for the datapath to program the service"
+		v.why, v.waiting = "waiting for the datapath to program the service", true
 	case svc.GetStatus().GetState() == lbdv1.ServiceState_SERVICE_STATE_ERROR:
 		v.why = "the datapath could not program the service: " + svc.GetStatus().GetReason()
 	case svc.AdvertisePolicy != lbdv1.AdvertisePolicy_ADVERTISE_POLICY_ALWAYS && svc.GetStatus().GetUsableBackends() == 0:
@@ -309,6 +346,22 @@ func (c *Controller) judge(svc *lbdv1.Service, attached, drained bool) verdict {
 		v.qualifies = true
 	}
 	return v
+}
+
+// reachesNoBackendNode reports whether a service has backends and this node can reach
+// the node of none of those that take traffic.
+func reachesNoBackendNode(svc *lbdv1.Service) bool {
+	seen := false
+	for _, b := range svc.Backends {
+		if b.State == lbdv1.BackendState_BACKEND_STATE_DISABLED {
+			continue
+		}
+		if b.NodeReachability != lbdv1.Reachability_REACHABILITY_UNREACHABLE {
+			return false
+		}
+		seen = true
+	}
+	return seen
 }
 
 // status is the service's advertise status given the routes handed to the speaker,

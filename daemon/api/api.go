@@ -24,7 +24,16 @@ type Datapath interface {
 	GetStats(context.Context, *lbdv1.GetStatsRequest) (*lbdv1.GetStatsResponse, error)
 	ListSocketTranslations(context.Context, *lbdv1.ListSocketTranslationsRequest) (*lbdv1.ListSocketTranslationsResponse, error)
 	Detach(context.Context) error
+	// Attached reports whether the programs are attached to every interface.
 	Attached() bool
+	// Ready reports whether the datapath forwards what it is asked to, and why not.
+	Ready() (bool, string)
+	// NextHops are the paths toward the backend nodes (LB role).
+	NextHops() []*lbdv1.NextHop
+	// Verify compares the datapath with the desired state and repairs it; DriftCounts
+	// counts the repairs since start, by kind.
+	Verify(context.Context) ([]*lbdv1.Drift, error)
+	DriftCounts() map[string]uint64
 }
 
 // BGP is the node's BGP speaker as the API sees it; nil on nodes without one.

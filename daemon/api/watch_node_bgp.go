@@ -18,7 +18,7 @@ func (s *Server) WatchServices(r *lbdv1.WatchServicesRequest, stream lbdv1.LoadB
 	ch := make(chan store.Event, s.opts.WatchBuffer)
 	overflow := make(chan struct{})
 	closed := false
-	snap, cancel := s.st.SnapshotAndListen(func(evs []store.Event) {
+	snap, _, cancel := s.st.SnapshotAndListen(func(evs []store.Event) {
 		if closed {
 			return
 		}
@@ -80,8 +80,12 @@ func (s *Server) node() *lbdv1.Node {
 		Backends:  uint32(bes),
 		StartTime: timestamppb.New(s.start),
 	}
-	if s.opts.Datapath != nil {
-		n.DatapathAttached = s.opts.Datapath.Attached()
+	n.Ready, n.ReadyReason = true, "no datapath: this lbd runs the control plane only"
+	if dp := s.opts.Datapath; dp != nil {
+		n.Ready, n.ReadyReason = dp.Ready()
+		n.DatapathAttached = dp.Attached()
+		n.NextHops = dp.NextHops()
+		n.DriftRepaired = dp.DriftCounts()
 	}
 	return n
 }
@@ -119,6 +123,19 @@ func (s *Server) DetachNode(ctx context.Context, _ *lbdv1.DetachNodeRequest) (*l
 	}
 	s.log.Info("datapath detached", "op", "detach-node")
 	return &lbdv1.DetachNodeResponse{Node: s.node()}, nil
+}
+
+// VerifyNode implements lbdv1.NodeServiceServer.
+func (s *Server) VerifyNode(ctx context.Context, _ *lbdv1.VerifyNodeRequest) (*lbdv1.VerifyNodeResponse, error) {
+	if s.opts.Datapath == nil {
+		return nil, unimplemented("VerifyNode")
+	}
+	drift, err := s.opts.Datapath.Verify(ctx)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "verify datapath: %v", err)
+	}
+	s.log.Info("datapath verified", "op", "verify-node", "repaired", len(drift))
+	return &lbdv1.VerifyNodeResponse{Repaired: drift, Node: s.node()}, nil
 }
 
 // noSpeaker is the status of every peer while the node runs no BGP speaker.

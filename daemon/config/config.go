@@ -45,8 +45,9 @@ type Datapath struct {
 	HashSeed uint32 `json:"hash_seed"`
 	// VNI of the Geneve header (DESIGN §2: 2 by default).
 	VNI uint32 `json:"vni"`
-	// UnderlayV4 and UnderlayV6 are the LB node's outer source addresses; empty takes
-	// the first address of the first interface.
+	// UnderlayV4 and UnderlayV6 are the LB node's outer source addresses; empty takes,
+	// per backend node, the source the kernel would use toward it (the route's preferred
+	// source, or the address of the interface the packet leaves by).
 	UnderlayV4 string `json:"underlay_v4"`
 	UnderlayV6 string `json:"underlay_v6"`
 	// LBSources are the prefixes a backend node accepts Geneve from (its LB nodes).
@@ -63,6 +64,9 @@ type Datapath struct {
 	// SocketLB translates the connections of local processes to services at the socket,
 	// on any node (any role, or none): their first packet already goes to a backend.
 	SocketLB SocketLB `json:"socket_lb"`
+	// VerifyInterval is how often lbd reads its maps and attachments back, compares
+	// them with the desired state and repairs what differs (also `lbctl node verify`).
+	VerifyInterval Duration `json:"verify_interval"`
 }
 
 // SocketLB configures socket-level load balancing (cgroup v2 connect, sendmsg, recvmsg
@@ -142,6 +146,7 @@ func Default() Config {
 			NATIdleTimeout:    Duration(time.Hour),
 			NATClosingTimeout: Duration(time.Minute),
 			SocketLB:          SocketLB{Translations: 1 << 18},
+			VerifyInterval:    Duration(5 * time.Second),
 		},
 		MetricsListen: "127.0.0.1:9310",
 	}
@@ -258,6 +263,9 @@ func (d Datapath) validate(anyRole, backend bool) []error {
 	}
 	if d.GCMinInterval <= 0 || d.GCMaxInterval < d.GCMinInterval {
 		errs = append(errs, fmt.Errorf("datapath: need 0 < gc_min_interval (%v) ≤ gc_max_interval (%v)", time.Duration(d.GCMinInterval), time.Duration(d.GCMaxInterval)))
+	}
+	if d.VerifyInterval < Duration(100*time.Millisecond) {
+		errs = append(errs, fmt.Errorf("datapath.verify_interval: %v must be at least 100ms", time.Duration(d.VerifyInterval)))
 	}
 	if d.NATIdleTimeout <= 0 || d.NATClosingTimeout <= 0 {
 		errs = append(errs, errors.New("datapath: nat_idle_timeout and nat_closing_timeout must be positive"))

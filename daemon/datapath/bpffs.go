@@ -15,17 +15,19 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ensureBPFFS makes dir a directory on a bpffs, mounting one there if needed. A daemon
-// started with `ip netns exec` sees an empty /sys/fs/bpf on sysfs (TESTBED.md): mounting
-// a bpffs on the instance directory keeps pins working there too, though such a mount
-// lives only as long as that mount namespace.
+// ensureBPFFS makes dir a directory on a bpffs. A dir that is not on one gets a bpffs
+// mounted on it, and lbd mounts nothing anywhere else: a host whose /sys/fs/bpf is not
+// a bpffs (no systemd, or a daemon started with `ip netns exec`, which remounts /sys)
+// gets a clear error for the default directory, never a machine-wide mount behind the
+// operator's back. Pins in a bpffs mounted on dir live as long as its mount namespace.
 func ensureBPFFS(dir string) error {
-	// A host without a bpffs on /sys/fs/bpf (sysfs refuses mkdir there) gets one, as
-	// systemd would mount it.
-	if rel, err := filepath.Rel(sysBPF, dir); err == nil && !strings.HasPrefix(rel, "..") && !isBPFFS(sysBPF) {
-		if err := unix.Mount("bpf", sysBPF, "bpf", 0, "mode=0700"); err != nil {
-			return fmt.Errorf("mount bpffs on %s: %w", sysBPF, err)
-		}
+	underSys := false
+	if rel, err := filepath.Rel(sysBPF, dir); err == nil && !strings.HasPrefix(rel, "..") {
+		underSys = true
+	}
+	if underSys && !isBPFFS(sysBPF) {
+		return fmt.Errorf("bpffs directory %s: %s is not a bpffs; mount one there (mount -t bpf bpf %s, as systemd does at boot) "+
+			"or set datapath.bpffs_dir (--bpffs-dir) to a directory of lbd's own, where lbd mounts a bpffs itself", dir, sysBPF, sysBPF)
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("create bpffs directory: %w", err)

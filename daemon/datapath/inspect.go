@@ -64,13 +64,14 @@ func (m *Manager) TraceFlow(_ context.Context, r *lbdv1.TraceFlowRequest) (*lbdv
 		return nil, status.Errorf(codes.Internal, "trace: %v", err)
 	}
 	// A trace run has no side effects: no conntrack entry, no counter.
-	verdict, out, err := m.runTrace(frame)
+	res, err := m.runTrace(frame)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "trace: %v", err)
 	}
-	resp := &lbdv1.TraceFlowResponse{Verdict: verdict.String()}
+	resp := &lbdv1.TraceFlowResponse{Verdict: res.Verdict.String()}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	attached, why := m.attachment()
 	var svc *programmed
 	for _, p := range m.programmed {
 		if p.key.VIP == dst && p.key.Proto == proto && (p.key.Port == uint16(r.DestinationPort) || (p.key.Port == 0 && svc == nil)) {
@@ -82,7 +83,7 @@ func (m *Manager) TraceFlow(_ context.Context, r *lbdv1.TraceFlowRequest) (*lbdv
 		return resp, nil
 	}
 	resp.ServiceName = svc.name
-	inner, forwarded := innerDestination(out)
+	inner, forwarded := innerDestination(res.Frame)
 	var bid uint32
 	if forwarded {
 		for id, k := range svc.backendKeys {
@@ -95,27 +96,64 @@ func (m *Manager) TraceFlow(_ context.Context, r *lbdv1.TraceFlowRequest) (*lbdv
 			resp.Backend.NodeAddress = b.Node.String()
 		}
 	}
+	choice := ""
 	switch {
 	case forwarded && hadCT && ct.BackendID == bid:
-		resp.Reason = fmt.Sprintf("existing flow: its conntrack entry (state %s) keeps it on this backend", ct.State)
+		choice = fmt.Sprintf("existing flow: its conntrack entry (state %s) keeps it on this backend", ct.State)
 	case forwarded && svc.svc.AffinityTimeout > 0:
-		resp.Reason = fmt.Sprintf("new flow: session affinity or the Maglev table (size %d) chose this backend", len(svc.table))
+		choice = fmt.Sprintf("new flow: session affinity or the Maglev table (size %d) chose this backend", len(svc.table))
 	case forwarded:
-		resp.Reason = fmt.Sprintf("new flow: the Maglev table (size %d) chose this backend", len(svc.table))
-	case len(svc.table) == 0:
-		resp.Reason = "no usable backend: new flows are rejected or dropped, per the service's option"
-	default:
-		resp.Reason = "not forwarded: the client is outside the source ranges, the packet is malformed, or there is no route to the backend's node (see the drop counters)"
+		choice = fmt.Sprintf("new flow: the Maglev table (size %d) chose this backend", len(svc.table))
+	}
+	resp.Reason = traceReason(res, choice)
+	if !attached {
+		// The loaded program answered, but no packet reaches it.
+		resp.Verdict = "NOT_ATTACHED"
+		resp.Reason = "the XDP program is not attached: packets to the VIP are not load balanced on this node (" + why +
+			"); had it been, " + resp.Reason
 	}
 	return resp, nil
 }
 
+// traceReason says in words why the program gave its verdict, from what it reported
+// (lb_trace_meta) and, for a forwarded packet, how the backend was chosen.
+func traceReason(res lbxdp.TraceResult, choice string) string {
+	fib := ""
+	if res.FIBLookedUp {
+		fib = " (bpf_fib_lookup: " + res.FIBResult.String() + ")"
+	}
+	if !res.HasReason {
+		if choice != "" {
+			return choice
+		}
+		return "passed to the kernel: not a packet the load balancer handles"
+	}
+	switch res.Reason {
+	case lbxdp.PassNoNeighbour:
+		return choice + "; the next hop toward the backend's node is not resolved yet, so the encapsulated packet goes " +
+			"through the kernel, which resolves it" + fib
+	case lbxdp.DropNoRoute:
+		return "dropped: no route toward the backend's node" + fib
+	case lbxdp.DropFIB:
+		return "dropped: the route lookup toward the backend's node failed" + fib
+	case lbxdp.DropRejected:
+		return "no usable backend: answered with a TCP reset or ICMP port unreachable"
+	case lbxdp.DropNoBackend:
+		return "no usable backend: dropped, as the service asks"
+	case lbxdp.DropSourceRange:
+		return "dropped: the client is outside the service's allowed source ranges"
+	case lbxdp.DropTooBig:
+		return "too big once encapsulated: answered with ICMP fragmentation needed / packet too big"
+	}
+	return "dropped: " + res.Reason.String()
+}
+
 // runTrace runs the program from a thread in the daemon's network namespace (the FIB
 // lookup uses the caller's).
-func (m *Manager) runTrace(frame []byte) (lbxdp.Verdict, []byte, error) {
+func (m *Manager) runTrace(frame []byte) (lbxdp.TraceResult, error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	return m.lb.Trace(frame, m.ifindex)
+	return m.lb.TraceResult(frame, m.ifindex)
 }
 
 func buildFrame(f lbxdp.Flow) ([]byte, error) {
@@ -287,7 +325,7 @@ func (m *Manager) GetStats(context.Context, *lbdv1.GetStatsRequest) (*lbdv1.GetS
 			return nil, status.Errorf(codes.Internal, "read counters: %v", err)
 		}
 		for _, r := range lbxdp.DropReasons() {
-			resp.Reasons = append(resp.Reasons, &lbdv1.Counter{Name: "lb_drop_" + r.String(), Packets: drops[r].Packets, Bytes: drops[r].Bytes})
+			resp.Reasons = append(resp.Reasons, &lbdv1.Counter{Name: r.CounterName(), Packets: drops[r].Packets, Bytes: drops[r].Bytes})
 		}
 	}
 	if m.be != nil {

@@ -81,11 +81,13 @@ func desired(svc *lbdv1.Service) (*programmed, error) {
 		case down && svc.ResetFlowsOnBackendDown:
 			continue
 		}
-		// Draining and down backends stay in the backend map so their established
-		// flows keep going; only usable ones enter the Maglev table.
+		// Draining and down backends, and those whose node this node cannot reach, stay
+		// in the backend map so their established flows keep going; only usable ones
+		// enter the Maglev table.
 		p.backends[b.Id] = lbxdp.Backend{Addr: addr, Port: uint16(b.Port), Node: node}
 		p.backendKeys[b.Id] = ap
-		if b.State == lbdv1.BackendState_BACKEND_STATE_ACTIVE && !down {
+		reachable := b.NodeReachability != lbdv1.Reachability_REACHABILITY_UNREACHABLE
+		if b.State == lbdv1.BackendState_BACKEND_STATE_ACTIVE && !down && reachable {
 			usable = append(usable, maglev.Backend{ID: b.Id, Key: maglev.Key(ap), Weight: b.Weight})
 		}
 	}
@@ -211,6 +213,7 @@ func (m *Manager) writeAfter(old, want *programmed) error {
 		m.log.Debug("backends removed from the datapath", "op", "reconcile", "service", want.name, "backends", len(gone), "flows", n)
 	}
 	m.programmed[id] = want
+	m.trackNodes()
 	return nil
 }
 
@@ -294,6 +297,7 @@ func (m *Manager) remove(id uint32) error {
 		return err
 	}
 	delete(m.programmed, id)
+	m.trackNodes()
 	return nil
 }
 
@@ -383,6 +387,7 @@ func (m *Manager) Sync(_ context.Context, svcs []*lbdv1.Service) (map[string]map
 		}
 	}
 	m.orphans = nil
+	m.synced = true
 	m.log.Info("datapath maps synced", "op", "sync", "services", len(svcs), "took", time.Since(start))
 	return out, nil
 }

@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,6 +25,8 @@ import (
 	"github.com/lbd-dev/lbd/bpf/lbxdp"
 	"github.com/lbd-dev/lbd/bpf/socklb"
 	"github.com/lbd-dev/lbd/daemon/gc"
+	"github.com/lbd-dev/lbd/daemon/lock"
+	"github.com/lbd-dev/lbd/daemon/nexthop"
 	"github.com/vishvananda/netlink"
 )
 
@@ -39,8 +42,9 @@ type Config struct {
 	HashSeed uint32
 	// VNI of the Geneve header.
 	VNI uint32
-	// Underlay4 and Underlay6 are the LB node's outer source addresses; unset, the
-	// first address of the first interface of that family is used.
+	// Underlay4 and Underlay6 are the LB node's outer source addresses; unset, each
+	// packet takes the source the kernel would use toward its backend node (the route's
+	// preferred source, or the egress interface's address).
 	Underlay4, Underlay6 netip.Addr
 	// LBSources are the prefixes a backend node accepts Geneve from.
 	LBSources []netip.Prefix
@@ -56,6 +60,16 @@ type Config struct {
 	SocketLB         bool
 	SocketCgroup     string
 	SocketRevNATSize uint32
+	// VerifyInterval is how often the maps and attachments are read back, compared with
+	// the desired state and repaired (RunVerify); 0 takes DefaultVerifyInterval.
+	VerifyInterval time.Duration
+	// NeighbourRecord is the file where the LB role records the neighbour entries it
+	// created for backend nodes' next hops, so a restarted lbd can remove them when they
+	// are no longer needed; empty keeps the record in memory.
+	NeighbourRecord string
+	// OnPaths, when set, is called with the path toward every backend node (LB role)
+	// whenever one changes.
+	OnPaths func(map[netip.Addr]nexthop.Path)
 }
 
 // Manager is the loaded, attached datapath of a node.
@@ -68,9 +82,15 @@ type Manager struct {
 	sock *socklb.Datapath
 
 	mu       sync.Mutex
-	links    map[string]link.Link // by pin name
-	attached bool
-	ifindex  int // first uplink, for traces
+	links    map[string]link.Link  // by pin name
+	attaches map[string]attachSpec // how to attach each link again
+	attached bool                  // false once detached on purpose (Detach)
+	synced   bool                  // the first Sync has written the desired state
+	ifindex  int                   // first uplink, for traces
+	locks    []*lock.Held          // bpffs directory and interfaces (own.go)
+	nh       *nexthop.Tracker      // LB role: next hops toward backend nodes
+	drift    map[string]uint64     // repairs by kind (verify.go)
+	lbConfig lbxdp.Config          // LB role: the configuration the maps must hold
 
 	// LB role: what the maps hold, by service ID (see lb.go).
 	programmed map[uint32]*programmed
@@ -96,22 +116,41 @@ func Open(cfg Config, log hclog.Logger) (*Manager, error) {
 	if err := ensureBPFFS(cfg.BPFFSDir); err != nil {
 		return nil, err
 	}
+	m := &Manager{cfg: cfg, log: log, links: map[string]link.Link{}, attaches: map[string]attachSpec{},
+		programmed: map[uint32]*programmed{}, drift: map[string]uint64{}}
+	var lockIfaces []string
+	if cfg.LB || cfg.Backend {
+		lockIfaces = cfg.Interfaces
+	}
+	if err := m.own(lockIfaces); err != nil {
+		m.disown()
+		return nil, err
+	}
 	for _, d := range []string{cfg.linksDir(), cfg.lbDir(), cfg.backendDir(), cfg.socketDir()} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
+			m.disown()
 			return nil, fmt.Errorf("create pin directory: %w", err)
 		}
 	}
-	m := &Manager{cfg: cfg, log: log, links: map[string]link.Link{}, programmed: map[uint32]*programmed{}}
 	ifaces := make([]netlink.Link, 0, len(cfg.Interfaces))
 	for _, name := range cfg.Interfaces {
 		l, err := netlink.LinkByName(name)
 		if err != nil {
+			m.disown()
 			return nil, fmt.Errorf("interface %s: %w", name, err)
 		}
 		ifaces = append(ifaces, l)
 	}
 	if len(ifaces) > 0 {
 		m.ifindex = ifaces[0].Attrs().Index
+	}
+	changed, err := cfg.applySysctls()
+	if err != nil {
+		m.disown()
+		return nil, err
+	}
+	if len(changed) > 0 {
+		m.log.Info("kernel settings applied", "op", "start", "changed", strings.Join(changed, ", "))
 	}
 	if cfg.LB || cfg.SocketLB {
 		if err := m.openLB(ifaces); err != nil {
@@ -188,17 +227,14 @@ func (m *Manager) openLB(ifaces []netlink.Link) error {
 	}
 	c.HashSeed, c.VNI = m.cfg.HashSeed, m.cfg.VNI
 	c.Source4, c.Source6 = m.cfg.Underlay4, m.cfg.Underlay6
-	if len(ifaces) > 0 && (!c.Source4.IsValid() || !c.Source6.IsValid()) {
-		a4, a6 := firstAddrs(ifaces[0])
-		if !c.Source4.IsValid() {
-			c.Source4 = a4
-		}
-		if !c.Source6.IsValid() {
-			c.Source6 = a6
-		}
-	}
 	if err := m.lb.SetConfig(c); err != nil {
 		return fmt.Errorf("configure XDP datapath: %w", err)
+	}
+	m.lbConfig = c
+	if m.cfg.LB {
+		if err := m.startNextHops(); err != nil {
+			return err
+		}
 	}
 	for _, ifc := range ifaces {
 		if !m.cfg.LB {
@@ -273,47 +309,17 @@ func (m *Manager) syncLBSources() error {
 	return nil
 }
 
-// attach adopts the link pinned under name, pointing it at prog (an atomic replacement
-// when the program changed), or attaches anew and pins the link.
-func (m *Manager) attach(name string, prog *ebpf.Program, attachNew func() (link.Link, error)) error {
-	path := filepath.Join(m.cfg.linksDir(), name)
-	l, err := link.LoadPinnedLink(path, nil)
-	switch {
-	case err == nil:
-		if err := l.Update(prog); err != nil {
-			l.Close()
-			return fmt.Errorf("replace program of pinned link %s: %w", name, err)
-		}
-		m.log.Info("adopted pinned link", "op", "attach", "link", name)
-	case errors.Is(err, fs.ErrNotExist):
-		if l, err = attachNew(); err != nil {
-			return err
-		}
-		if err := l.Pin(path); err != nil {
-			l.Close()
-			return fmt.Errorf("pin link %s: %w", name, err)
-		}
-		m.log.Info("attached", "op", "attach", "link", name)
-	default:
-		return fmt.Errorf("open pinned link %s: %w", name, err)
-	}
-	m.links[name] = l
-	return nil
-}
-
-// Attached reports whether the programs are attached.
-func (m *Manager) Attached() bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.attached
-}
-
 // Detach removes the programs from the interfaces and deletes every pin of the instance.
 // Established flows stop being forwarded.
 func (m *Manager) Detach(context.Context) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var errs []error
+	if m.nh != nil {
+		// Neighbour entries lbd created for its backend nodes go with the datapath: the
+		// tracker deletes those of nodes it no longer tracks.
+		m.nh.SetNodes(nil)
+	}
 	for name, l := range m.links {
 		if err := l.Unpin(); err != nil {
 			errs = append(errs, fmt.Errorf("unpin %s: %w", name, err))
@@ -373,27 +379,6 @@ func (m *Manager) Close() error {
 	if m.sock != nil {
 		errs = append(errs, m.sock.Close())
 	}
+	errs = append(errs, m.disown())
 	return errors.Join(errs...)
-}
-
-// firstAddrs returns the first IPv4 and global IPv6 address of an interface.
-func firstAddrs(l netlink.Link) (v4, v6 netip.Addr) {
-	addrs, err := netlink.AddrList(l, netlink.FAMILY_ALL)
-	if err != nil {
-		return
-	}
-	for _, a := range addrs {
-		ip, ok := netip.AddrFromSlice(a.IP)
-		if !ok {
-			continue
-		}
-		ip = ip.Unmap()
-		switch {
-		case ip.Is4() && !v4.IsValid():
-			v4 = ip
-		case ip.Is6() && !ip.IsLinkLocalUnicast() && !v6.IsValid():
-			v6 = ip
-		}
-	}
-	return v4, v6
 }

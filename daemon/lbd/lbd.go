@@ -30,6 +30,7 @@ import (
 	"github.com/lbd-dev/lbd/daemon/gc"
 	"github.com/lbd-dev/lbd/daemon/healthsync"
 	"github.com/lbd-dev/lbd/daemon/metrics"
+	"github.com/lbd-dev/lbd/daemon/nexthop"
 	"github.com/lbd-dev/lbd/daemon/reconcile"
 	"github.com/lbd-dev/lbd/daemon/store"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
@@ -45,6 +46,10 @@ var Version = "dev"
 
 // StateFileName is the name of the state file inside the state directory.
 const StateFileName = "state.pb"
+
+// NeighbourRecordName, in the state directory, records the neighbour entries an LB
+// node created for its backend nodes' next hops.
+const NeighbourRecordName = "neighbours.json"
 
 // shutdownGrace bounds how long in-flight RPCs may run after SIGTERM.
 const shutdownGrace = 10 * time.Second
@@ -81,7 +86,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	if errors.Is(err, errDetach) {
-		if err := datapath.DetachDir(cfg.Datapath.BPFFSDir); err != nil {
+		err := errors.Join(datapath.DetachDir(cfg.Datapath.BPFFSDir),
+			datapath.ReleaseNeighbours(context.Background(), filepath.Join(cfg.StateDir, NeighbourRecordName)))
+		if err != nil {
 			fmt.Fprintf(stderr, "lbd: detach: %v\n", err)
 			return 1
 		}
@@ -234,6 +241,8 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 		Limits:       cfg.Limits,
 		Logger:       log.Named("store"),
 		StatusReason: reason,
+		// A reconciler runs wherever a datapath does: IDs wait for it before reuse.
+		HoldIDs: len(cfg.Roles) > 0 || socketLB,
 	})
 	if errors.Is(err, store.ErrCorruptState) {
 		return fmt.Errorf("%w. %s", err, store.RecoveryHint)
@@ -250,6 +259,13 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 	dcfg, err := datapathConfig(cfg)
 	if err != nil {
 		return err
+	}
+	dcfg.OnPaths = func(paths map[netip.Addr]nexthop.Path) {
+		reach := make(map[netip.Addr]store.NodeReach, len(paths))
+		for a, p := range paths {
+			reach[a] = store.NodeReach{Reachable: p.Reachable, Reason: p.Reason}
+		}
+		st.SetNodeReachability(reach)
 	}
 	// Pinned links left by an earlier daemon mean this start is a restart: BGP then asks
 	// its graceful-restart peers to keep our routes until we re-announce them.
@@ -273,6 +289,13 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 			return fmt.Errorf("detach socket-level load balancing: %w", err)
 		}
 	}
+	// ready is what gRPC health, /readyz and the BGP advertiser say of the node.
+	ready := func() (bool, string) {
+		if mgr == nil {
+			return true, "no datapath: this lbd runs the control plane only"
+		}
+		return mgr.Ready()
+	}
 	var met *metrics.Metrics
 	if mgr != nil {
 		met = metrics.New(func() (*lbdv1.GetStatsResponse, error) { return mgr.GetStats(ctx, nil) },
@@ -281,6 +304,10 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 		met = metrics.New(nil, nil)
 	}
 	met.AddStatus(func() []*lbdv1.Service { return st.ListServices("") })
+	met.SetReady(ready)
+	if mgr != nil {
+		met.AddDrift(mgr.DriftCounts)
+	}
 	if cfg.MetricsListen != "" {
 		go func() {
 			if err := met.Serve(ctx, cfg.MetricsListen, log.Named("metrics")); err != nil {
@@ -308,7 +335,7 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 	if mgr != nil {
 		rec := reconcile.New(st, mgr, log.Named("reconcile"))
 		rec.Observe = met.ObserveReconcile
-		workers.Add(2)
+		workers.Add(4)
 		go func() {
 			defer workers.Done()
 			if err := rec.Run(ctx); err != nil {
@@ -318,6 +345,16 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 		go func() {
 			defer workers.Done()
 			mgr.RunGC(ctx, met.ObserveGC)
+		}()
+		go func() {
+			defer workers.Done()
+			mgr.RunVerify(ctx)
+		}()
+		go func() {
+			defer workers.Done()
+			if err := mgr.RunNextHops(ctx); err != nil {
+				log.Error("next-hop tracking stopped", "op", "nexthop", "error", err)
+			}
 		}()
 		// Nodes that choose backends (LB nodes, socket-level load balancing) probe them;
 		// each probes for itself and, seeing the same backends, converges on the same
@@ -333,7 +370,12 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 
 	var apiBGP api.BGP
 	if cfg.BGP != nil {
-		attached := func() bool { return mgr != nil && mgr.Attached() }
+		// A VIP is advertised only while this node forwards it: attached, and the maps
+		// in line with the desired state.
+		attached := func() bool {
+			ok, _ := ready()
+			return mgr != nil && ok
+		}
 		if adv, err = advertise.New(*cfg.BGP, st, attached, restarting, log.Named("bgp")); err != nil {
 			return fmt.Errorf("bgp: %w", err)
 		}
@@ -371,9 +413,11 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 		healthpb.RegisterHealthServer(g, hs)
 		reflection.Register(g)
 	}
-	for name := range unixSrv.GetServiceInfo() {
-		hs.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
-	}
+	workers.Add(1)
+	go func() {
+		defer workers.Done()
+		serveHealth(ctx, hs, unixSrv, ready)
+	}()
 
 	errc := make(chan error, 2)
 	if cfg.API.Socket != "" {
@@ -484,6 +528,8 @@ func datapathConfig(cfg config.Config) (datapath.Config, error) {
 		SocketRevNATSize:  d.SocketLB.Translations,
 	}
 	dc.GC.Start = min(max(dc.GC.Start, dc.GC.Min), dc.GC.Max)
+	dc.VerifyInterval = time.Duration(d.VerifyInterval)
+	dc.NeighbourRecord = filepath.Join(cfg.StateDir, NeighbourRecordName)
 	if d.UnderlayV4 != "" {
 		dc.Underlay4 = netip.MustParseAddr(d.UnderlayV4) // validated
 	}
@@ -494,4 +540,33 @@ func datapathConfig(cfg config.Config) (datapath.Config, error) {
 		dc.LBSources = append(dc.LBSources, netip.MustParsePrefix(p))
 	}
 	return dc, dc.GC.Validate()
+}
+
+// healthPoll is how often gRPC health follows the node's readiness.
+const healthPoll = 500 * time.Millisecond
+
+// serveHealth keeps grpc.health.v1 in line with the node's readiness until ctx ends:
+// SERVING for the whole server ("") and every service while ready, NOT_SERVING while
+// the datapath is detached or not yet in line with the desired state.
+func serveHealth(ctx context.Context, hs *health.Server, srv *grpc.Server, ready func() (bool, string)) {
+	names := []string{""}
+	for name := range srv.GetServiceInfo() {
+		names = append(names, name)
+	}
+	t := time.NewTicker(healthPoll)
+	defer t.Stop()
+	for {
+		st := healthpb.HealthCheckResponse_NOT_SERVING
+		if ok, _ := ready(); ok {
+			st = healthpb.HealthCheckResponse_SERVING
+		}
+		for _, n := range names {
+			hs.SetServingStatus(n, st)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }

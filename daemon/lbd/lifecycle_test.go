@@ -138,7 +138,7 @@ func TestStateLock(t *testing.T) {
 	if code == 0 {
 		t.Fatalf("a second lbd on the same state directory exited 0; output:\n%s", out)
 	}
-	assertContains(t, out, in.statePath()+".lock", "another lbd")
+	assertContains(t, out, "state file "+in.statePath()+" is in use by another lbd (PID ")
 	if _, err := os.Stat(second.socket); err == nil {
 		t.Errorf("the refused lbd created its socket %s", second.socket)
 	}

@@ -33,6 +33,7 @@ type Metrics struct {
 	fill       *prometheus.GaugeVec
 	reconcile  prometheus.Histogram
 	caps       map[string]uint32
+	ready      ReadyFunc
 }
 
 // New builds the registry. stats may be nil on a node without a datapath; capacities
@@ -103,7 +104,8 @@ func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
 }
 
-// Serve serves /metrics on addr until ctx ends.
+// Serve serves /metrics, /readyz (readiness, see SetReady) and /healthz (liveness) on
+// addr until ctx ends.
 func (m *Metrics) Serve(ctx context.Context, addr string, log hclog.Logger) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -111,6 +113,8 @@ func (m *Metrics) Serve(ctx context.Context, addr string, log hclog.Logger) erro
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", m.Handler())
+	mux.HandleFunc("/readyz", m.readyz)
+	mux.HandleFunc("/healthz", healthz)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()

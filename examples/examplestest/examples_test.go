@@ -371,14 +371,14 @@ func exportedMetrics(t *testing.T) map[string]bool {
 func datapathReasons(t *testing.T) []string {
 	t.Helper()
 	src := readFile(t, "daemon", "datapath", "inspect.go")
-	for _, prefix := range []string{`"lb_drop_" + r.String()`, `"backend_" + c.String()`} {
+	for _, prefix := range []string{`r.CounterName()`, `"backend_" + c.String()`} {
 		if !strings.Contains(src, prefix) {
 			t.Fatalf("daemon/datapath/inspect.go no longer builds reasons as %s: update this test and the dashboard", prefix)
 		}
 	}
 	var out []string
 	for _, r := range lbxdp.DropReasons() {
-		out = append(out, "lb_drop_"+r.String())
+		out = append(out, r.CounterName())
 	}
 	for _, c := range backendtc.AllCounters() {
 		out = append(out, "backend_"+c.String())

@@ -76,6 +76,9 @@ func InCgroup(tb testing.TB, cmd *exec.Cmd, dir string) {
 // Signal sends sig to the process (not to its group).
 func (p *Proc) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
 
+// PID is the process's ID.
+func (p *Proc) PID() int { return p.cmd.Process.Pid }
+
 // Exited is closed once the process has exited.
 func (p *Proc) Exited() <-chan struct{} { return p.exited }
 

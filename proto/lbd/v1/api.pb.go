@@ -2557,6 +2557,95 @@ func (x *DetachNodeResponse) GetNode() *Node {
 	return nil
 }
 
+type VerifyNodeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VerifyNodeRequest) Reset() {
+	*x = VerifyNodeRequest{}
+	mi := &file_lbd_v1_api_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VerifyNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VerifyNodeRequest) ProtoMessage() {}
+
+func (x *VerifyNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_lbd_v1_api_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VerifyNodeRequest.ProtoReflect.Descriptor instead.
+func (*VerifyNodeRequest) Descriptor() ([]byte, []int) {
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{52}
+}
+
+type VerifyNodeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What differed from the desired state and was repaired; empty when all matched.
+	Repaired      []*Drift `protobuf:"bytes,1,rep,name=repaired,proto3" json:"repaired,omitempty"`
+	Node          *Node    `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VerifyNodeResponse) Reset() {
+	*x = VerifyNodeResponse{}
+	mi := &file_lbd_v1_api_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VerifyNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VerifyNodeResponse) ProtoMessage() {}
+
+func (x *VerifyNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_lbd_v1_api_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VerifyNodeResponse.ProtoReflect.Descriptor instead.
+func (*VerifyNodeResponse) Descriptor() ([]byte, []int) {
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *VerifyNodeResponse) GetRepaired() []*Drift {
+	if x != nil {
+		return x.Repaired
+	}
+	return nil
+}
+
+func (x *VerifyNodeResponse) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
 var File_lbd_v1_api_proto protoreflect.FileDescriptor
 
 const file_lbd_v1_api_proto_rawDesc = "" +
@@ -2687,7 +2776,11 @@ const file_lbd_v1_api_proto_rawDesc = "" +
 	"\x04node\x18\x01 \x01(\v2\f.lbd.v1.NodeR\x04node\"\x13\n" +
 	"\x11DetachNodeRequest\"6\n" +
 	"\x12DetachNodeResponse\x12 \n" +
-	"\x04node\x18\x01 \x01(\v2\f.lbd.v1.NodeR\x04node*\xa8\x01\n" +
+	"\x04node\x18\x01 \x01(\v2\f.lbd.v1.NodeR\x04node\"\x13\n" +
+	"\x11VerifyNodeRequest\"a\n" +
+	"\x12VerifyNodeResponse\x12)\n" +
+	"\brepaired\x18\x01 \x03(\v2\r.lbd.v1.DriftR\brepaired\x12 \n" +
+	"\x04node\x18\x02 \x01(\v2\f.lbd.v1.NodeR\x04node*\xa8\x01\n" +
 	"\x0eWatchEventType\x12 \n" +
 	"\x1cWATCH_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16WATCH_EVENT_TYPE_ADDED\x10\x01\x12\x1d\n" +
@@ -2721,13 +2814,15 @@ const file_lbd_v1_api_proto_rawDesc = "" +
 	"\fListBgpPeers\x12\x1b.lbd.v1.ListBgpPeersRequest\x1a\x1c.lbd.v1.ListBgpPeersResponse\x12L\n" +
 	"\rUpdateBgpPeer\x12\x1c.lbd.v1.UpdateBgpPeerRequest\x1a\x1d.lbd.v1.UpdateBgpPeerResponse\x12L\n" +
 	"\rDeleteBgpPeer\x12\x1c.lbd.v1.DeleteBgpPeerRequest\x1a\x1d.lbd.v1.DeleteBgpPeerResponse\x12L\n" +
-	"\rListBgpRoutes\x12\x1c.lbd.v1.ListBgpRoutesRequest\x1a\x1d.lbd.v1.ListBgpRoutesResponse2\x98\x02\n" +
+	"\rListBgpRoutes\x12\x1c.lbd.v1.ListBgpRoutesRequest\x1a\x1d.lbd.v1.ListBgpRoutesResponse2\xdd\x02\n" +
 	"\vNodeService\x12:\n" +
 	"\aGetNode\x12\x16.lbd.v1.GetNodeRequest\x1a\x17.lbd.v1.GetNodeResponse\x12@\n" +
 	"\tDrainNode\x12\x18.lbd.v1.DrainNodeRequest\x1a\x19.lbd.v1.DrainNodeResponse\x12F\n" +
 	"\vUndrainNode\x12\x1a.lbd.v1.UndrainNodeRequest\x1a\x1b.lbd.v1.UndrainNodeResponse\x12C\n" +
 	"\n" +
-	"DetachNode\x12\x19.lbd.v1.DetachNodeRequest\x1a\x1a.lbd.v1.DetachNodeResponseB+Z)github.com/lbd-dev/lbd/proto/lbd/v1;lbdv1b\x06proto3"
+	"DetachNode\x12\x19.lbd.v1.DetachNodeRequest\x1a\x1a.lbd.v1.DetachNodeResponse\x12C\n" +
+	"\n" +
+	"VerifyNode\x12\x19.lbd.v1.VerifyNodeRequest\x1a\x1a.lbd.v1.VerifyNodeResponseB+Z)github.com/lbd-dev/lbd/proto/lbd/v1;lbdv1b\x06proto3"
 
 var (
 	file_lbd_v1_api_proto_rawDescOnce sync.Once
@@ -2742,7 +2837,7 @@ func file_lbd_v1_api_proto_rawDescGZIP() []byte {
 }
 
 var file_lbd_v1_api_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_lbd_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
+var file_lbd_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
 var file_lbd_v1_api_proto_goTypes = []any{
 	(WatchEventType)(0),                    // 0: lbd.v1.WatchEventType
 	(*CreateServiceRequest)(nil),           // 1: lbd.v1.CreateServiceRequest
@@ -2797,113 +2892,120 @@ var file_lbd_v1_api_proto_goTypes = []any{
 	(*UndrainNodeResponse)(nil),            // 50: lbd.v1.UndrainNodeResponse
 	(*DetachNodeRequest)(nil),              // 51: lbd.v1.DetachNodeRequest
 	(*DetachNodeResponse)(nil),             // 52: lbd.v1.DetachNodeResponse
-	(*Service)(nil),                        // 53: lbd.v1.Service
-	(*Backend)(nil),                        // 54: lbd.v1.Backend
-	(*fieldmaskpb.FieldMask)(nil),          // 55: google.protobuf.FieldMask
-	(BackendState)(0),                      // 56: lbd.v1.BackendState
-	(Protocol)(0),                          // 57: lbd.v1.Protocol
-	(*Connection)(nil),                     // 58: lbd.v1.Connection
-	(*SocketTranslation)(nil),              // 59: lbd.v1.SocketTranslation
-	(*ServiceStats)(nil),                   // 60: lbd.v1.ServiceStats
-	(*Counter)(nil),                        // 61: lbd.v1.Counter
-	(*EventCounter)(nil),                   // 62: lbd.v1.EventCounter
-	(*BgpPeer)(nil),                        // 63: lbd.v1.BgpPeer
-	(*BgpRoute)(nil),                       // 64: lbd.v1.BgpRoute
-	(*Node)(nil),                           // 65: lbd.v1.Node
+	(*VerifyNodeRequest)(nil),              // 53: lbd.v1.VerifyNodeRequest
+	(*VerifyNodeResponse)(nil),             // 54: lbd.v1.VerifyNodeResponse
+	(*Service)(nil),                        // 55: lbd.v1.Service
+	(*Backend)(nil),                        // 56: lbd.v1.Backend
+	(*fieldmaskpb.FieldMask)(nil),          // 57: google.protobuf.FieldMask
+	(BackendState)(0),                      // 58: lbd.v1.BackendState
+	(Protocol)(0),                          // 59: lbd.v1.Protocol
+	(*Connection)(nil),                     // 60: lbd.v1.Connection
+	(*SocketTranslation)(nil),              // 61: lbd.v1.SocketTranslation
+	(*ServiceStats)(nil),                   // 62: lbd.v1.ServiceStats
+	(*Counter)(nil),                        // 63: lbd.v1.Counter
+	(*EventCounter)(nil),                   // 64: lbd.v1.EventCounter
+	(*BgpPeer)(nil),                        // 65: lbd.v1.BgpPeer
+	(*BgpRoute)(nil),                       // 66: lbd.v1.BgpRoute
+	(*Node)(nil),                           // 67: lbd.v1.Node
+	(*Drift)(nil),                          // 68: lbd.v1.Drift
 }
 var file_lbd_v1_api_proto_depIdxs = []int32{
-	53, // 0: lbd.v1.CreateServiceRequest.service:type_name -> lbd.v1.Service
-	53, // 1: lbd.v1.CreateServiceResponse.service:type_name -> lbd.v1.Service
-	53, // 2: lbd.v1.GetServiceResponse.service:type_name -> lbd.v1.Service
-	53, // 3: lbd.v1.ListServicesResponse.services:type_name -> lbd.v1.Service
-	53, // 4: lbd.v1.UpdateServiceRequest.service:type_name -> lbd.v1.Service
-	53, // 5: lbd.v1.UpdateServiceResponse.service:type_name -> lbd.v1.Service
-	53, // 6: lbd.v1.ApplyServicesRequest.services:type_name -> lbd.v1.Service
+	55, // 0: lbd.v1.CreateServiceRequest.service:type_name -> lbd.v1.Service
+	55, // 1: lbd.v1.CreateServiceResponse.service:type_name -> lbd.v1.Service
+	55, // 2: lbd.v1.GetServiceResponse.service:type_name -> lbd.v1.Service
+	55, // 3: lbd.v1.ListServicesResponse.services:type_name -> lbd.v1.Service
+	55, // 4: lbd.v1.UpdateServiceRequest.service:type_name -> lbd.v1.Service
+	55, // 5: lbd.v1.UpdateServiceResponse.service:type_name -> lbd.v1.Service
+	55, // 6: lbd.v1.ApplyServicesRequest.services:type_name -> lbd.v1.Service
 	0,  // 7: lbd.v1.WatchServicesResponse.type:type_name -> lbd.v1.WatchEventType
-	53, // 8: lbd.v1.WatchServicesResponse.service:type_name -> lbd.v1.Service
-	54, // 9: lbd.v1.CreateBackendRequest.backend:type_name -> lbd.v1.Backend
-	54, // 10: lbd.v1.CreateBackendResponse.backend:type_name -> lbd.v1.Backend
-	54, // 11: lbd.v1.GetBackendResponse.backend:type_name -> lbd.v1.Backend
-	54, // 12: lbd.v1.ListBackendsResponse.backends:type_name -> lbd.v1.Backend
-	54, // 13: lbd.v1.UpdateBackendRequest.backend:type_name -> lbd.v1.Backend
-	55, // 14: lbd.v1.UpdateBackendRequest.update_mask:type_name -> google.protobuf.FieldMask
-	56, // 15: lbd.v1.UpdateBackendRequest.only_from_states:type_name -> lbd.v1.BackendState
-	54, // 16: lbd.v1.UpdateBackendResponse.backend:type_name -> lbd.v1.Backend
-	57, // 17: lbd.v1.TraceFlowRequest.protocol:type_name -> lbd.v1.Protocol
-	54, // 18: lbd.v1.TraceFlowResponse.backend:type_name -> lbd.v1.Backend
-	58, // 19: lbd.v1.ListConnectionsResponse.connections:type_name -> lbd.v1.Connection
-	59, // 20: lbd.v1.ListSocketTranslationsResponse.translations:type_name -> lbd.v1.SocketTranslation
-	60, // 21: lbd.v1.GetStatsResponse.services:type_name -> lbd.v1.ServiceStats
-	61, // 22: lbd.v1.GetStatsResponse.reasons:type_name -> lbd.v1.Counter
-	62, // 23: lbd.v1.GetStatsResponse.socket_events:type_name -> lbd.v1.EventCounter
-	63, // 24: lbd.v1.CreateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
-	63, // 25: lbd.v1.CreateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
-	63, // 26: lbd.v1.GetBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
-	63, // 27: lbd.v1.ListBgpPeersResponse.peers:type_name -> lbd.v1.BgpPeer
-	63, // 28: lbd.v1.UpdateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
-	63, // 29: lbd.v1.UpdateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
-	64, // 30: lbd.v1.ListBgpRoutesResponse.routes:type_name -> lbd.v1.BgpRoute
-	65, // 31: lbd.v1.GetNodeResponse.node:type_name -> lbd.v1.Node
-	65, // 32: lbd.v1.DrainNodeResponse.node:type_name -> lbd.v1.Node
-	65, // 33: lbd.v1.UndrainNodeResponse.node:type_name -> lbd.v1.Node
-	65, // 34: lbd.v1.DetachNodeResponse.node:type_name -> lbd.v1.Node
-	1,  // 35: lbd.v1.LoadBalancerService.CreateService:input_type -> lbd.v1.CreateServiceRequest
-	3,  // 36: lbd.v1.LoadBalancerService.GetService:input_type -> lbd.v1.GetServiceRequest
-	5,  // 37: lbd.v1.LoadBalancerService.ListServices:input_type -> lbd.v1.ListServicesRequest
-	7,  // 38: lbd.v1.LoadBalancerService.UpdateService:input_type -> lbd.v1.UpdateServiceRequest
-	9,  // 39: lbd.v1.LoadBalancerService.DeleteService:input_type -> lbd.v1.DeleteServiceRequest
-	11, // 40: lbd.v1.LoadBalancerService.ApplyServices:input_type -> lbd.v1.ApplyServicesRequest
-	13, // 41: lbd.v1.LoadBalancerService.WatchServices:input_type -> lbd.v1.WatchServicesRequest
-	15, // 42: lbd.v1.LoadBalancerService.CreateBackend:input_type -> lbd.v1.CreateBackendRequest
-	17, // 43: lbd.v1.LoadBalancerService.GetBackend:input_type -> lbd.v1.GetBackendRequest
-	19, // 44: lbd.v1.LoadBalancerService.ListBackends:input_type -> lbd.v1.ListBackendsRequest
-	21, // 45: lbd.v1.LoadBalancerService.UpdateBackend:input_type -> lbd.v1.UpdateBackendRequest
-	23, // 46: lbd.v1.LoadBalancerService.DeleteBackend:input_type -> lbd.v1.DeleteBackendRequest
-	25, // 47: lbd.v1.LoadBalancerService.TraceFlow:input_type -> lbd.v1.TraceFlowRequest
-	27, // 48: lbd.v1.LoadBalancerService.ListConnections:input_type -> lbd.v1.ListConnectionsRequest
-	31, // 49: lbd.v1.LoadBalancerService.GetStats:input_type -> lbd.v1.GetStatsRequest
-	29, // 50: lbd.v1.LoadBalancerService.ListSocketTranslations:input_type -> lbd.v1.ListSocketTranslationsRequest
-	33, // 51: lbd.v1.BgpService.CreateBgpPeer:input_type -> lbd.v1.CreateBgpPeerRequest
-	35, // 52: lbd.v1.BgpService.GetBgpPeer:input_type -> lbd.v1.GetBgpPeerRequest
-	37, // 53: lbd.v1.BgpService.ListBgpPeers:input_type -> lbd.v1.ListBgpPeersRequest
-	39, // 54: lbd.v1.BgpService.UpdateBgpPeer:input_type -> lbd.v1.UpdateBgpPeerRequest
-	41, // 55: lbd.v1.BgpService.DeleteBgpPeer:input_type -> lbd.v1.DeleteBgpPeerRequest
-	43, // 56: lbd.v1.BgpService.ListBgpRoutes:input_type -> lbd.v1.ListBgpRoutesRequest
-	45, // 57: lbd.v1.NodeService.GetNode:input_type -> lbd.v1.GetNodeRequest
-	47, // 58: lbd.v1.NodeService.DrainNode:input_type -> lbd.v1.DrainNodeRequest
-	49, // 59: lbd.v1.NodeService.UndrainNode:input_type -> lbd.v1.UndrainNodeRequest
-	51, // 60: lbd.v1.NodeService.DetachNode:input_type -> lbd.v1.DetachNodeRequest
-	2,  // 61: lbd.v1.LoadBalancerService.CreateService:output_type -> lbd.v1.CreateServiceResponse
-	4,  // 62: lbd.v1.LoadBalancerService.GetService:output_type -> lbd.v1.GetServiceResponse
-	6,  // 63: lbd.v1.LoadBalancerService.ListServices:output_type -> lbd.v1.ListServicesResponse
-	8,  // 64: lbd.v1.LoadBalancerService.UpdateService:output_type -> lbd.v1.UpdateServiceResponse
-	10, // 65: lbd.v1.LoadBalancerService.DeleteService:output_type -> lbd.v1.DeleteServiceResponse
-	12, // 66: lbd.v1.LoadBalancerService.ApplyServices:output_type -> lbd.v1.ApplyServicesResponse
-	14, // 67: lbd.v1.LoadBalancerService.WatchServices:output_type -> lbd.v1.WatchServicesResponse
-	16, // 68: lbd.v1.LoadBalancerService.CreateBackend:output_type -> lbd.v1.CreateBackendResponse
-	18, // 69: lbd.v1.LoadBalancerService.GetBackend:output_type -> lbd.v1.GetBackendResponse
-	20, // 70: lbd.v1.LoadBalancerService.ListBackends:output_type -> lbd.v1.ListBackendsResponse
-	22, // 71: lbd.v1.LoadBalancerService.UpdateBackend:output_type -> lbd.v1.UpdateBackendResponse
-	24, // 72: lbd.v1.LoadBalancerService.DeleteBackend:output_type -> lbd.v1.DeleteBackendResponse
-	26, // 73: lbd.v1.LoadBalancerService.TraceFlow:output_type -> lbd.v1.TraceFlowResponse
-	28, // 74: lbd.v1.LoadBalancerService.ListConnections:output_type -> lbd.v1.ListConnectionsResponse
-	32, // 75: lbd.v1.LoadBalancerService.GetStats:output_type -> lbd.v1.GetStatsResponse
-	30, // 76: lbd.v1.LoadBalancerService.ListSocketTranslations:output_type -> lbd.v1.ListSocketTranslationsResponse
-	34, // 77: lbd.v1.BgpService.CreateBgpPeer:output_type -> lbd.v1.CreateBgpPeerResponse
-	36, // 78: lbd.v1.BgpService.GetBgpPeer:output_type -> lbd.v1.GetBgpPeerResponse
-	38, // 79: lbd.v1.BgpService.ListBgpPeers:output_type -> lbd.v1.ListBgpPeersResponse
-	40, // 80: lbd.v1.BgpService.UpdateBgpPeer:output_type -> lbd.v1.UpdateBgpPeerResponse
-	42, // 81: lbd.v1.BgpService.DeleteBgpPeer:output_type -> lbd.v1.DeleteBgpPeerResponse
-	44, // 82: lbd.v1.BgpService.ListBgpRoutes:output_type -> lbd.v1.ListBgpRoutesResponse
-	46, // 83: lbd.v1.NodeService.GetNode:output_type -> lbd.v1.GetNodeResponse
-	48, // 84: lbd.v1.NodeService.DrainNode:output_type -> lbd.v1.DrainNodeResponse
-	50, // 85: lbd.v1.NodeService.UndrainNode:output_type -> lbd.v1.UndrainNodeResponse
-	52, // 86: lbd.v1.NodeService.DetachNode:output_type -> lbd.v1.DetachNodeResponse
-	61, // [61:87] is the sub-list for method output_type
-	35, // [35:61] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	55, // 8: lbd.v1.WatchServicesResponse.service:type_name -> lbd.v1.Service
+	56, // 9: lbd.v1.CreateBackendRequest.backend:type_name -> lbd.v1.Backend
+	56, // 10: lbd.v1.CreateBackendResponse.backend:type_name -> lbd.v1.Backend
+	56, // 11: lbd.v1.GetBackendResponse.backend:type_name -> lbd.v1.Backend
+	56, // 12: lbd.v1.ListBackendsResponse.backends:type_name -> lbd.v1.Backend
+	56, // 13: lbd.v1.UpdateBackendRequest.backend:type_name -> lbd.v1.Backend
+	57, // 14: lbd.v1.UpdateBackendRequest.update_mask:type_name -> google.protobuf.FieldMask
+	58, // 15: lbd.v1.UpdateBackendRequest.only_from_states:type_name -> lbd.v1.BackendState
+	56, // 16: lbd.v1.UpdateBackendResponse.backend:type_name -> lbd.v1.Backend
+	59, // 17: lbd.v1.TraceFlowRequest.protocol:type_name -> lbd.v1.Protocol
+	56, // 18: lbd.v1.TraceFlowResponse.backend:type_name -> lbd.v1.Backend
+	60, // 19: lbd.v1.ListConnectionsResponse.connections:type_name -> lbd.v1.Connection
+	61, // 20: lbd.v1.ListSocketTranslationsResponse.translations:type_name -> lbd.v1.SocketTranslation
+	62, // 21: lbd.v1.GetStatsResponse.services:type_name -> lbd.v1.ServiceStats
+	63, // 22: lbd.v1.GetStatsResponse.reasons:type_name -> lbd.v1.Counter
+	64, // 23: lbd.v1.GetStatsResponse.socket_events:type_name -> lbd.v1.EventCounter
+	65, // 24: lbd.v1.CreateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
+	65, // 25: lbd.v1.CreateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
+	65, // 26: lbd.v1.GetBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
+	65, // 27: lbd.v1.ListBgpPeersResponse.peers:type_name -> lbd.v1.BgpPeer
+	65, // 28: lbd.v1.UpdateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
+	65, // 29: lbd.v1.UpdateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
+	66, // 30: lbd.v1.ListBgpRoutesResponse.routes:type_name -> lbd.v1.BgpRoute
+	67, // 31: lbd.v1.GetNodeResponse.node:type_name -> lbd.v1.Node
+	67, // 32: lbd.v1.DrainNodeResponse.node:type_name -> lbd.v1.Node
+	67, // 33: lbd.v1.UndrainNodeResponse.node:type_name -> lbd.v1.Node
+	67, // 34: lbd.v1.DetachNodeResponse.node:type_name -> lbd.v1.Node
+	68, // 35: lbd.v1.VerifyNodeResponse.repaired:type_name -> lbd.v1.Drift
+	67, // 36: lbd.v1.VerifyNodeResponse.node:type_name -> lbd.v1.Node
+	1,  // 37: lbd.v1.LoadBalancerService.CreateService:input_type -> lbd.v1.CreateServiceRequest
+	3,  // 38: lbd.v1.LoadBalancerService.GetService:input_type -> lbd.v1.GetServiceRequest
+	5,  // 39: lbd.v1.LoadBalancerService.ListServices:input_type -> lbd.v1.ListServicesRequest
+	7,  // 40: lbd.v1.LoadBalancerService.UpdateService:input_type -> lbd.v1.UpdateServiceRequest
+	9,  // 41: lbd.v1.LoadBalancerService.DeleteService:input_type -> lbd.v1.DeleteServiceRequest
+	11, // 42: lbd.v1.LoadBalancerService.ApplyServices:input_type -> lbd.v1.ApplyServicesRequest
+	13, // 43: lbd.v1.LoadBalancerService.WatchServices:input_type -> lbd.v1.WatchServicesRequest
+	15, // 44: lbd.v1.LoadBalancerService.CreateBackend:input_type -> lbd.v1.CreateBackendRequest
+	17, // 45: lbd.v1.LoadBalancerService.GetBackend:input_type -> lbd.v1.GetBackendRequest
+	19, // 46: lbd.v1.LoadBalancerService.ListBackends:input_type -> lbd.v1.ListBackendsRequest
+	21, // 47: lbd.v1.LoadBalancerService.UpdateBackend:input_type -> lbd.v1.UpdateBackendRequest
+	23, // 48: lbd.v1.LoadBalancerService.DeleteBackend:input_type -> lbd.v1.DeleteBackendRequest
+	25, // 49: lbd.v1.LoadBalancerService.TraceFlow:input_type -> lbd.v1.TraceFlowRequest
+	27, // 50: lbd.v1.LoadBalancerService.ListConnections:input_type -> lbd.v1.ListConnectionsRequest
+	31, // 51: lbd.v1.LoadBalancerService.GetStats:input_type -> lbd.v1.GetStatsRequest
+	29, // 52: lbd.v1.LoadBalancerService.ListSocketTranslations:input_type -> lbd.v1.ListSocketTranslationsRequest
+	33, // 53: lbd.v1.BgpService.CreateBgpPeer:input_type -> lbd.v1.CreateBgpPeerRequest
+	35, // 54: lbd.v1.BgpService.GetBgpPeer:input_type -> lbd.v1.GetBgpPeerRequest
+	37, // 55: lbd.v1.BgpService.ListBgpPeers:input_type -> lbd.v1.ListBgpPeersRequest
+	39, // 56: lbd.v1.BgpService.UpdateBgpPeer:input_type -> lbd.v1.UpdateBgpPeerRequest
+	41, // 57: lbd.v1.BgpService.DeleteBgpPeer:input_type -> lbd.v1.DeleteBgpPeerRequest
+	43, // 58: lbd.v1.BgpService.ListBgpRoutes:input_type -> lbd.v1.ListBgpRoutesRequest
+	45, // 59: lbd.v1.NodeService.GetNode:input_type -> lbd.v1.GetNodeRequest
+	47, // 60: lbd.v1.NodeService.DrainNode:input_type -> lbd.v1.DrainNodeRequest
+	49, // 61: lbd.v1.NodeService.UndrainNode:input_type -> lbd.v1.UndrainNodeRequest
+	51, // 62: lbd.v1.NodeService.DetachNode:input_type -> lbd.v1.DetachNodeRequest
+	53, // 63: lbd.v1.NodeService.VerifyNode:input_type -> lbd.v1.VerifyNodeRequest
+	2,  // 64: lbd.v1.LoadBalancerService.CreateService:output_type -> lbd.v1.CreateServiceResponse
+	4,  // 65: lbd.v1.LoadBalancerService.GetService:output_type -> lbd.v1.GetServiceResponse
+	6,  // 66: lbd.v1.LoadBalancerService.ListServices:output_type -> lbd.v1.ListServicesResponse
+	8,  // 67: lbd.v1.LoadBalancerService.UpdateService:output_type -> lbd.v1.UpdateServiceResponse
+	10, // 68: lbd.v1.LoadBalancerService.DeleteService:output_type -> lbd.v1.DeleteServiceResponse
+	12, // 69: lbd.v1.LoadBalancerService.ApplyServices:output_type -> lbd.v1.ApplyServicesResponse
+	14, // 70: lbd.v1.LoadBalancerService.WatchServices:output_type -> lbd.v1.WatchServicesResponse
+	16, // 71: lbd.v1.LoadBalancerService.CreateBackend:output_type -> lbd.v1.CreateBackendResponse
+	18, // 72: lbd.v1.LoadBalancerService.GetBackend:output_type -> lbd.v1.GetBackendResponse
+	20, // 73: lbd.v1.LoadBalancerService.ListBackends:output_type -> lbd.v1.ListBackendsResponse
+	22, // 74: lbd.v1.LoadBalancerService.UpdateBackend:output_type -> lbd.v1.UpdateBackendResponse
+	24, // 75: lbd.v1.LoadBalancerService.DeleteBackend:output_type -> lbd.v1.DeleteBackendResponse
+	26, // 76: lbd.v1.LoadBalancerService.TraceFlow:output_type -> lbd.v1.TraceFlowResponse
+	28, // 77: lbd.v1.LoadBalancerService.ListConnections:output_type -> lbd.v1.ListConnectionsResponse
+	32, // 78: lbd.v1.LoadBalancerService.GetStats:output_type -> lbd.v1.GetStatsResponse
+	30, // 79: lbd.v1.LoadBalancerService.ListSocketTranslations:output_type -> lbd.v1.ListSocketTranslationsResponse
+	34, // 80: lbd.v1.BgpService.CreateBgpPeer:output_type -> lbd.v1.CreateBgpPeerResponse
+	36, // 81: lbd.v1.BgpService.GetBgpPeer:output_type -> lbd.v1.GetBgpPeerResponse
+	38, // 82: lbd.v1.BgpService.ListBgpPeers:output_type -> lbd.v1.ListBgpPeersResponse
+	40, // 83: lbd.v1.BgpService.UpdateBgpPeer:output_type -> lbd.v1.UpdateBgpPeerResponse
+	42, // 84: lbd.v1.BgpService.DeleteBgpPeer:output_type -> lbd.v1.DeleteBgpPeerResponse
+	44, // 85: lbd.v1.BgpService.ListBgpRoutes:output_type -> lbd.v1.ListBgpRoutesResponse
+	46, // 86: lbd.v1.NodeService.GetNode:output_type -> lbd.v1.GetNodeResponse
+	48, // 87: lbd.v1.NodeService.DrainNode:output_type -> lbd.v1.DrainNodeResponse
+	50, // 88: lbd.v1.NodeService.UndrainNode:output_type -> lbd.v1.UndrainNodeResponse
+	52, // 89: lbd.v1.NodeService.DetachNode:output_type -> lbd.v1.DetachNodeResponse
+	54, // 90: lbd.v1.NodeService.VerifyNode:output_type -> lbd.v1.VerifyNodeResponse
+	64, // [64:91] is the sub-list for method output_type
+	37, // [37:64] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_lbd_v1_api_proto_init() }
@@ -2921,7 +3023,7 @@ func file_lbd_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lbd_v1_api_proto_rawDesc), len(file_lbd_v1_api_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   52,
+			NumMessages:   54,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -1061,6 +1061,7 @@ const (
 	NodeService_DrainNode_FullMethodName   = "/lbd.v1.NodeService/DrainNode"
 	NodeService_UndrainNode_FullMethodName = "/lbd.v1.NodeService/UndrainNode"
 	NodeService_DetachNode_FullMethodName  = "/lbd.v1.NodeService/DetachNode"
+	NodeService_VerifyNode_FullMethodName  = "/lbd.v1.NodeService/VerifyNode"
 )
 
 // NodeServiceClient is the client API for NodeService service.
@@ -1077,6 +1078,9 @@ type NodeServiceClient interface {
 	UndrainNode(ctx context.Context, in *UndrainNodeRequest, opts ...grpc.CallOption) (*UndrainNodeResponse, error)
 	// DetachNode removes the datapath programs from the node's interfaces.
 	DetachNode(ctx context.Context, in *DetachNodeRequest, opts ...grpc.CallOption) (*DetachNodeResponse, error)
+	// VerifyNode reads the datapath back at once (as lbd does on an interval), compares it
+	// with the desired state, repairs what differs and says what it repaired.
+	VerifyNode(ctx context.Context, in *VerifyNodeRequest, opts ...grpc.CallOption) (*VerifyNodeResponse, error)
 }
 
 type nodeServiceClient struct {
@@ -1127,6 +1131,16 @@ func (c *nodeServiceClient) DetachNode(ctx context.Context, in *DetachNodeReques
 	return out, nil
 }
 
+func (c *nodeServiceClient) VerifyNode(ctx context.Context, in *VerifyNodeRequest, opts ...grpc.CallOption) (*VerifyNodeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(VerifyNodeResponse)
+	err := c.cc.Invoke(ctx, NodeService_VerifyNode_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NodeServiceServer is the server API for NodeService service.
 // All implementations must embed UnimplementedNodeServiceServer
 // for forward compatibility.
@@ -1141,6 +1155,9 @@ type NodeServiceServer interface {
 	UndrainNode(context.Context, *UndrainNodeRequest) (*UndrainNodeResponse, error)
 	// DetachNode removes the datapath programs from the node's interfaces.
 	DetachNode(context.Context, *DetachNodeRequest) (*DetachNodeResponse, error)
+	// VerifyNode reads the datapath back at once (as lbd does on an interval), compares it
+	// with the desired state, repairs what differs and says what it repaired.
+	VerifyNode(context.Context, *VerifyNodeRequest) (*VerifyNodeResponse, error)
 	mustEmbedUnimplementedNodeServiceServer()
 }
 
@@ -1162,6 +1179,9 @@ func (UnimplementedNodeServiceServer) UndrainNode(context.Context, *UndrainNodeR
 }
 func (UnimplementedNodeServiceServer) DetachNode(context.Context, *DetachNodeRequest) (*DetachNodeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DetachNode not implemented")
+}
+func (UnimplementedNodeServiceServer) VerifyNode(context.Context, *VerifyNodeRequest) (*VerifyNodeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method VerifyNode not implemented")
 }
 func (UnimplementedNodeServiceServer) mustEmbedUnimplementedNodeServiceServer() {}
 func (UnimplementedNodeServiceServer) testEmbeddedByValue()                     {}
@@ -1256,6 +1276,24 @@ func _NodeService_DetachNode_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _NodeService_VerifyNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(VerifyNodeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeServiceServer).VerifyNode(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodeService_VerifyNode_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeServiceServer).VerifyNode(ctx, req.(*VerifyNodeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // NodeService_ServiceDesc is the grpc.ServiceDesc for NodeService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1278,6 +1316,10 @@ var NodeService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DetachNode",
 			Handler:    _NodeService_DetachNode_Handler,
+		},
+		{
+			MethodName: "VerifyNode",
+			Handler:    _NodeService_VerifyNode_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -37,8 +37,17 @@ type Node struct {
 	Services         uint32                 `protobuf:"varint,5,opt,name=services,proto3" json:"services,omitempty"`
 	Backends         uint32                 `protobuf:"varint,6,opt,name=backends,proto3" json:"backends,omitempty"`
 	StartTime        *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Whether the node forwards what it is asked to: its datapath programs are attached
+	// to every configured interface. gRPC health and /readyz say the same.
+	Ready bool `protobuf:"varint,8,opt,name=ready,proto3" json:"ready,omitempty"`
+	// Why the node is not ready, or what makes it ready.
+	ReadyReason string `protobuf:"bytes,9,opt,name=ready_reason,json=readyReason,proto3" json:"ready_reason,omitempty"`
+	// LB nodes: the path toward each backend node, sorted by node address.
+	NextHops []*NextHop `protobuf:"bytes,10,rep,name=next_hops,json=nextHops,proto3" json:"next_hops,omitempty"`
+	// Datapath differences found and repaired since lbd started, by kind.
+	DriftRepaired map[string]uint64 `protobuf:"bytes,11,rep,name=drift_repaired,json=driftRepaired,proto3" json:"drift_repaired,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -120,11 +129,203 @@ func (x *Node) GetStartTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Node) GetReady() bool {
+	if x != nil {
+		return x.Ready
+	}
+	return false
+}
+
+func (x *Node) GetReadyReason() string {
+	if x != nil {
+		return x.ReadyReason
+	}
+	return ""
+}
+
+func (x *Node) GetNextHops() []*NextHop {
+	if x != nil {
+		return x.NextHops
+	}
+	return nil
+}
+
+func (x *Node) GetDriftRepaired() map[string]uint64 {
+	if x != nil {
+		return x.DriftRepaired
+	}
+	return nil
+}
+
+// NextHop is how an LB node reaches one backend node: the route, its next hop and the
+// neighbour entry lbd keeps resolved for it.
+type NextHop struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The backend node (outer destination of the Geneve packets).
+	NodeAddress string `protobuf:"bytes,1,opt,name=node_address,json=nodeAddress,proto3" json:"node_address,omitempty"`
+	// A route exists and its next hop has not failed.
+	Reachable bool   `protobuf:"varint,2,opt,name=reachable,proto3" json:"reachable,omitempty"`
+	Reason    string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The gateway, or the node itself when it is on-link.
+	NextHop   string `protobuf:"bytes,4,opt,name=next_hop,json=nextHop,proto3" json:"next_hop,omitempty"`
+	Interface string `protobuf:"bytes,5,opt,name=interface,proto3" json:"interface,omitempty"`
+	// Outer source address: the route's preferred source, unless configured.
+	Source string `protobuf:"bytes,6,opt,name=source,proto3" json:"source,omitempty"`
+	// State of the next hop's neighbour entry (REACHABLE, STALE, INCOMPLETE, FAILED, PERMANENT, NONE, ...).
+	Neighbour string `protobuf:"bytes,7,opt,name=neighbour,proto3" json:"neighbour,omitempty"`
+	// lbd keeps this neighbour entry resolved (a managed entry it created).
+	Managed       bool `protobuf:"varint,8,opt,name=managed,proto3" json:"managed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NextHop) Reset() {
+	*x = NextHop{}
+	mi := &file_lbd_v1_node_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NextHop) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NextHop) ProtoMessage() {}
+
+func (x *NextHop) ProtoReflect() protoreflect.Message {
+	mi := &file_lbd_v1_node_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NextHop.ProtoReflect.Descriptor instead.
+func (*NextHop) Descriptor() ([]byte, []int) {
+	return file_lbd_v1_node_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *NextHop) GetNodeAddress() string {
+	if x != nil {
+		return x.NodeAddress
+	}
+	return ""
+}
+
+func (x *NextHop) GetReachable() bool {
+	if x != nil {
+		return x.Reachable
+	}
+	return false
+}
+
+func (x *NextHop) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *NextHop) GetNextHop() string {
+	if x != nil {
+		return x.NextHop
+	}
+	return ""
+}
+
+func (x *NextHop) GetInterface() string {
+	if x != nil {
+		return x.Interface
+	}
+	return ""
+}
+
+func (x *NextHop) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *NextHop) GetNeighbour() string {
+	if x != nil {
+		return x.Neighbour
+	}
+	return ""
+}
+
+func (x *NextHop) GetManaged() bool {
+	if x != nil {
+		return x.Managed
+	}
+	return false
+}
+
+// Drift is one difference between the datapath and the desired state.
+type Drift struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What differed: "service", "backend", "maglev_table", "source_range", "config",
+	// "attachment", ...
+	Kind string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	// What it was and what it should be, in words.
+	Description   string `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Drift) Reset() {
+	*x = Drift{}
+	mi := &file_lbd_v1_node_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Drift) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Drift) ProtoMessage() {}
+
+func (x *Drift) ProtoReflect() protoreflect.Message {
+	mi := &file_lbd_v1_node_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Drift.ProtoReflect.Descriptor instead.
+func (*Drift) Descriptor() ([]byte, []int) {
+	return file_lbd_v1_node_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Drift) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *Drift) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
 var File_lbd_v1_node_proto protoreflect.FileDescriptor
 
 const file_lbd_v1_node_proto_rawDesc = "" +
 	"\n" +
-	"\x11lbd/v1/node.proto\x12\x06lbd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf0\x01\n" +
+	"\x11lbd/v1/node.proto\x12\x06lbd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe1\x03\n" +
 	"\x04Node\x12\x14\n" +
 	"\x05roles\x18\x01 \x03(\tR\x05roles\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x18\n" +
@@ -133,7 +334,27 @@ const file_lbd_v1_node_proto_rawDesc = "" +
 	"\bservices\x18\x05 \x01(\rR\bservices\x12\x1a\n" +
 	"\bbackends\x18\x06 \x01(\rR\bbackends\x129\n" +
 	"\n" +
-	"start_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tstartTimeB+Z)github.com/lbd-dev/lbd/proto/lbd/v1;lbdv1b\x06proto3"
+	"start_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x12\x14\n" +
+	"\x05ready\x18\b \x01(\bR\x05ready\x12!\n" +
+	"\fready_reason\x18\t \x01(\tR\vreadyReason\x12,\n" +
+	"\tnext_hops\x18\n" +
+	" \x03(\v2\x0f.lbd.v1.NextHopR\bnextHops\x12F\n" +
+	"\x0edrift_repaired\x18\v \x03(\v2\x1f.lbd.v1.Node.DriftRepairedEntryR\rdriftRepaired\x1a@\n" +
+	"\x12DriftRepairedEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xeb\x01\n" +
+	"\aNextHop\x12!\n" +
+	"\fnode_address\x18\x01 \x01(\tR\vnodeAddress\x12\x1c\n" +
+	"\treachable\x18\x02 \x01(\bR\treachable\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x19\n" +
+	"\bnext_hop\x18\x04 \x01(\tR\anextHop\x12\x1c\n" +
+	"\tinterface\x18\x05 \x01(\tR\tinterface\x12\x16\n" +
+	"\x06source\x18\x06 \x01(\tR\x06source\x12\x1c\n" +
+	"\tneighbour\x18\a \x01(\tR\tneighbour\x12\x18\n" +
+	"\amanaged\x18\b \x01(\bR\amanaged\"=\n" +
+	"\x05Drift\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12 \n" +
+	"\vdescription\x18\x02 \x01(\tR\vdescriptionB+Z)github.com/lbd-dev/lbd/proto/lbd/v1;lbdv1b\x06proto3"
 
 var (
 	file_lbd_v1_node_proto_rawDescOnce sync.Once
@@ -147,18 +368,23 @@ func file_lbd_v1_node_proto_rawDescGZIP() []byte {
 	return file_lbd_v1_node_proto_rawDescData
 }
 
-var file_lbd_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
+var file_lbd_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
 var file_lbd_v1_node_proto_goTypes = []any{
 	(*Node)(nil),                  // 0: lbd.v1.Node
-	(*timestamppb.Timestamp)(nil), // 1: google.protobuf.Timestamp
+	(*NextHop)(nil),               // 1: lbd.v1.NextHop
+	(*Drift)(nil),                 // 2: lbd.v1.Drift
+	nil,                           // 3: lbd.v1.Node.DriftRepairedEntry
+	(*timestamppb.Timestamp)(nil), // 4: google.protobuf.Timestamp
 }
 var file_lbd_v1_node_proto_depIdxs = []int32{
-	1, // 0: lbd.v1.Node.start_time:type_name -> google.protobuf.Timestamp
-	1, // [1:1] is the sub-list for method output_type
-	1, // [1:1] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	4, // 0: lbd.v1.Node.start_time:type_name -> google.protobuf.Timestamp
+	1, // 1: lbd.v1.Node.next_hops:type_name -> lbd.v1.NextHop
+	3, // 2: lbd.v1.Node.drift_repaired:type_name -> lbd.v1.Node.DriftRepairedEntry
+	3, // [3:3] is the sub-list for method output_type
+	3, // [3:3] is the sub-list for method input_type
+	3, // [3:3] is the sub-list for extension type_name
+	3, // [3:3] is the sub-list for extension extendee
+	0, // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_lbd_v1_node_proto_init() }
@@ -172,7 +398,7 @@ func file_lbd_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lbd_v1_node_proto_rawDesc), len(file_lbd_v1_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   1,
+			NumMessages:   4,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -398,6 +398,59 @@ func (HealthState) EnumDescriptor() ([]byte, []int) {
 	return file_lbd_v1_service_proto_rawDescGZIP(), []int{6}
 }
 
+// Reachability says whether an LB node has a route and a working next hop toward a
+// backend's node.
+type Reachability int32
+
+const (
+	// Not known (not an LB node, or not resolved yet): treated as reachable.
+	Reachability_REACHABILITY_UNSPECIFIED Reachability = 0
+	Reachability_REACHABILITY_REACHABLE   Reachability = 1
+	// No route, or the next hop does not answer.
+	Reachability_REACHABILITY_UNREACHABLE Reachability = 2
+)
+
+// Enum value maps for Reachability.
+var (
+	Reachability_name = map[int32]string{
+		0: "REACHABILITY_UNSPECIFIED",
+		1: "REACHABILITY_REACHABLE",
+		2: "REACHABILITY_UNREACHABLE",
+	}
+	Reachability_value = map[string]int32{
+		"REACHABILITY_UNSPECIFIED": 0,
+		"REACHABILITY_REACHABLE":   1,
+		"REACHABILITY_UNREACHABLE": 2,
+	}
+)
+
+func (x Reachability) Enum() *Reachability {
+	p := new(Reachability)
+	*p = x
+	return p
+}
+
+func (x Reachability) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Reachability) Descriptor() protoreflect.EnumDescriptor {
+	return file_lbd_v1_service_proto_enumTypes[7].Descriptor()
+}
+
+func (Reachability) Type() protoreflect.EnumType {
+	return &file_lbd_v1_service_proto_enumTypes[7]
+}
+
+func (x Reachability) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Reachability.Descriptor instead.
+func (Reachability) EnumDescriptor() ([]byte, []int) {
+	return file_lbd_v1_service_proto_rawDescGZIP(), []int{7}
+}
+
 // ServiceState summarizes whether a service forwards traffic.
 type ServiceState int32
 
@@ -442,11 +495,11 @@ func (x ServiceState) String() string {
 }
 
 func (ServiceState) Descriptor() protoreflect.EnumDescriptor {
-	return file_lbd_v1_service_proto_enumTypes[7].Descriptor()
+	return file_lbd_v1_service_proto_enumTypes[8].Descriptor()
 }
 
 func (ServiceState) Type() protoreflect.EnumType {
-	return &file_lbd_v1_service_proto_enumTypes[7]
+	return &file_lbd_v1_service_proto_enumTypes[8]
 }
 
 func (x ServiceState) Number() protoreflect.EnumNumber {
@@ -455,7 +508,7 @@ func (x ServiceState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ServiceState.Descriptor instead.
 func (ServiceState) EnumDescriptor() ([]byte, []int) {
-	return file_lbd_v1_service_proto_rawDescGZIP(), []int{7}
+	return file_lbd_v1_service_proto_rawDescGZIP(), []int{8}
 }
 
 // Service is a frontend (VIP, port, protocol) load-balanced over backends.
@@ -840,9 +893,12 @@ type Backend struct {
 	// Output only.
 	Health *BackendHealth `protobuf:"bytes,7,opt,name=health,proto3" json:"health,omitempty"`
 	// Output only. Slots of the service's Maglev table this backend holds.
-	TableSlots    uint32 `protobuf:"varint,8,opt,name=table_slots,json=tableSlots,proto3" json:"table_slots,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	TableSlots uint32 `protobuf:"varint,8,opt,name=table_slots,json=tableSlots,proto3" json:"table_slots,omitempty"`
+	// Output only. Whether this node can reach the backend's node (LB nodes); an
+	// unreachable backend takes no new flows here.
+	NodeReachability Reachability `protobuf:"varint,9,opt,name=node_reachability,json=nodeReachability,proto3,enum=lbd.v1.Reachability" json:"node_reachability,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Backend) Reset() {
@@ -931,6 +987,13 @@ func (x *Backend) GetTableSlots() uint32 {
 	return 0
 }
 
+func (x *Backend) GetNodeReachability() Reachability {
+	if x != nil {
+		return x.NodeReachability
+	}
+	return Reachability_REACHABILITY_UNSPECIFIED
+}
+
 // BackendHealth is the output-only health of a backend.
 type BackendHealth struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1006,7 +1069,7 @@ type ServiceStatus struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	State  ServiceState           `protobuf:"varint,1,opt,name=state,proto3,enum=lbd.v1.ServiceState" json:"state,omitempty"`
 	Reason string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
-	// Backends that take new flows (active and not down).
+	// Backends that take new flows (active, not down, and their node reachable from this node).
 	UsableBackends uint32 `protobuf:"varint,3,opt,name=usable_backends,json=usableBackends,proto3" json:"usable_backends,omitempty"`
 	// Whether the VIP is advertised over BGP, and if not, why.
 	Advertised      bool                   `protobuf:"varint,4,opt,name=advertised,proto3" json:"advertised,omitempty"`
@@ -1126,7 +1189,7 @@ const file_lbd_v1_service_proto_rawDesc = "" +
 	"\x13expected_status_max\x18\t \x01(\rR\x11expectedStatusMax\x12\x12\n" +
 	"\x04host\x18\n" +
 	" \x01(\tR\x04host\x120\n" +
-	"\x14insecure_skip_verify\x18\v \x01(\bR\x12insecureSkipVerify\"\xfe\x01\n" +
+	"\x14insecure_skip_verify\x18\v \x01(\bR\x12insecureSkipVerify\"\xc1\x02\n" +
 	"\aBackend\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\rR\x04port\x12!\n" +
@@ -1136,7 +1199,8 @@ const file_lbd_v1_service_proto_rawDesc = "" +
 	"\x02id\x18\x06 \x01(\rR\x02id\x12-\n" +
 	"\x06health\x18\a \x01(\v2\x15.lbd.v1.BackendHealthR\x06health\x12\x1f\n" +
 	"\vtable_slots\x18\b \x01(\rR\n" +
-	"tableSlots\"\xed\x01\n" +
+	"tableSlots\x12A\n" +
+	"\x11node_reachability\x18\t \x01(\x0e2\x14.lbd.v1.ReachabilityR\x10nodeReachability\"\xed\x01\n" +
 	"\rBackendHealth\x12)\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x13.lbd.v1.HealthStateR\x05state\x12\x1f\n" +
 	"\vlast_result\x18\x02 \x01(\tR\n" +
@@ -1183,7 +1247,11 @@ const file_lbd_v1_service_proto_rawDesc = "" +
 	"\vHealthState\x12\x1c\n" +
 	"\x18HEALTH_STATE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fHEALTH_STATE_UP\x10\x01\x12\x15\n" +
-	"\x11HEALTH_STATE_DOWN\x10\x02*\x99\x01\n" +
+	"\x11HEALTH_STATE_DOWN\x10\x02*f\n" +
+	"\fReachability\x12\x1c\n" +
+	"\x18REACHABILITY_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16REACHABILITY_REACHABLE\x10\x01\x12\x1c\n" +
+	"\x18REACHABILITY_UNREACHABLE\x10\x02*\x99\x01\n" +
 	"\fServiceState\x12\x1d\n" +
 	"\x19SERVICE_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15SERVICE_STATE_PENDING\x10\x01\x12\x17\n" +
@@ -1203,7 +1271,7 @@ func file_lbd_v1_service_proto_rawDescGZIP() []byte {
 	return file_lbd_v1_service_proto_rawDescData
 }
 
-var file_lbd_v1_service_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
+var file_lbd_v1_service_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
 var file_lbd_v1_service_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_lbd_v1_service_proto_goTypes = []any{
 	(Protocol)(0),                 // 0: lbd.v1.Protocol
@@ -1213,41 +1281,43 @@ var file_lbd_v1_service_proto_goTypes = []any{
 	(HealthCheckType)(0),          // 4: lbd.v1.HealthCheckType
 	(BackendState)(0),             // 5: lbd.v1.BackendState
 	(HealthState)(0),              // 6: lbd.v1.HealthState
-	(ServiceState)(0),             // 7: lbd.v1.ServiceState
-	(*Service)(nil),               // 8: lbd.v1.Service
-	(*SessionAffinity)(nil),       // 9: lbd.v1.SessionAffinity
-	(*HealthCheck)(nil),           // 10: lbd.v1.HealthCheck
-	(*Backend)(nil),               // 11: lbd.v1.Backend
-	(*BackendHealth)(nil),         // 12: lbd.v1.BackendHealth
-	(*ServiceStatus)(nil),         // 13: lbd.v1.ServiceStatus
-	(*durationpb.Duration)(nil),   // 14: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
+	(Reachability)(0),             // 7: lbd.v1.Reachability
+	(ServiceState)(0),             // 8: lbd.v1.ServiceState
+	(*Service)(nil),               // 9: lbd.v1.Service
+	(*SessionAffinity)(nil),       // 10: lbd.v1.SessionAffinity
+	(*HealthCheck)(nil),           // 11: lbd.v1.HealthCheck
+	(*Backend)(nil),               // 12: lbd.v1.Backend
+	(*BackendHealth)(nil),         // 13: lbd.v1.BackendHealth
+	(*ServiceStatus)(nil),         // 14: lbd.v1.ServiceStatus
+	(*durationpb.Duration)(nil),   // 15: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
 }
 var file_lbd_v1_service_proto_depIdxs = []int32{
 	0,  // 0: lbd.v1.Service.protocol:type_name -> lbd.v1.Protocol
 	1,  // 1: lbd.v1.Service.hash_mode:type_name -> lbd.v1.HashMode
-	9,  // 2: lbd.v1.Service.session_affinity:type_name -> lbd.v1.SessionAffinity
-	10, // 3: lbd.v1.Service.health_check:type_name -> lbd.v1.HealthCheck
+	10, // 2: lbd.v1.Service.session_affinity:type_name -> lbd.v1.SessionAffinity
+	11, // 3: lbd.v1.Service.health_check:type_name -> lbd.v1.HealthCheck
 	2,  // 4: lbd.v1.Service.no_backend_action:type_name -> lbd.v1.NoBackendAction
 	3,  // 5: lbd.v1.Service.advertise_policy:type_name -> lbd.v1.AdvertisePolicy
-	11, // 6: lbd.v1.Service.backends:type_name -> lbd.v1.Backend
-	13, // 7: lbd.v1.Service.status:type_name -> lbd.v1.ServiceStatus
-	14, // 8: lbd.v1.SessionAffinity.timeout:type_name -> google.protobuf.Duration
+	12, // 6: lbd.v1.Service.backends:type_name -> lbd.v1.Backend
+	14, // 7: lbd.v1.Service.status:type_name -> lbd.v1.ServiceStatus
+	15, // 8: lbd.v1.SessionAffinity.timeout:type_name -> google.protobuf.Duration
 	4,  // 9: lbd.v1.HealthCheck.type:type_name -> lbd.v1.HealthCheckType
-	14, // 10: lbd.v1.HealthCheck.interval:type_name -> google.protobuf.Duration
-	14, // 11: lbd.v1.HealthCheck.timeout:type_name -> google.protobuf.Duration
+	15, // 10: lbd.v1.HealthCheck.interval:type_name -> google.protobuf.Duration
+	15, // 11: lbd.v1.HealthCheck.timeout:type_name -> google.protobuf.Duration
 	5,  // 12: lbd.v1.Backend.state:type_name -> lbd.v1.BackendState
-	12, // 13: lbd.v1.Backend.health:type_name -> lbd.v1.BackendHealth
-	6,  // 14: lbd.v1.BackendHealth.state:type_name -> lbd.v1.HealthState
-	15, // 15: lbd.v1.BackendHealth.last_check_time:type_name -> google.protobuf.Timestamp
-	15, // 16: lbd.v1.BackendHealth.last_transition_time:type_name -> google.protobuf.Timestamp
-	7,  // 17: lbd.v1.ServiceStatus.state:type_name -> lbd.v1.ServiceState
-	15, // 18: lbd.v1.ServiceStatus.update_time:type_name -> google.protobuf.Timestamp
-	19, // [19:19] is the sub-list for method output_type
-	19, // [19:19] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	13, // 13: lbd.v1.Backend.health:type_name -> lbd.v1.BackendHealth
+	7,  // 14: lbd.v1.Backend.node_reachability:type_name -> lbd.v1.Reachability
+	6,  // 15: lbd.v1.BackendHealth.state:type_name -> lbd.v1.HealthState
+	16, // 16: lbd.v1.BackendHealth.last_check_time:type_name -> google.protobuf.Timestamp
+	16, // 17: lbd.v1.BackendHealth.last_transition_time:type_name -> google.protobuf.Timestamp
+	8,  // 18: lbd.v1.ServiceStatus.state:type_name -> lbd.v1.ServiceState
+	16, // 19: lbd.v1.ServiceStatus.update_time:type_name -> google.protobuf.Timestamp
+	20, // [20:20] is the sub-list for method output_type
+	20, // [20:20] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_lbd_v1_service_proto_init() }
@@ -1260,7 +1330,7 @@ func file_lbd_v1_service_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lbd_v1_service_proto_rawDesc), len(file_lbd_v1_service_proto_rawDesc)),
-			NumEnums:      8,
+			NumEnums:      9,
 			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,

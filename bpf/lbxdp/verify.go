@@ -1,0 +1,163 @@
+//go:build linux
+
+package lbxdp
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+)
+
+// VerifyIndexes reads lb_vips, lb_svc_by_id and lb_vip_filter back and compares
+// them with what lb_services implies (they are this package's derived state, see
+// vipindex.go). Anything that differs, written there by something other than this
+// Datapath, is repaired; the returned lines say what was wrong.
+func (d *Datapath) VerifyIndexes() ([]string, error) {
+	var diffs []string
+	want := map[lbxdpLbVipKey]lbxdpLbVip{}
+	byID := map[uint32]lbxdpLbSvcEntry{}
+	var sk lbxdpLbServiceKey
+	var sv lbxdpLbService
+	it := d.objs.LbServices.Iterate()
+	for it.Next(&sk, &sv) {
+		vk := lbxdpLbVipKey{Addr: sk.Addr, Family: sk.Family}
+		v := want[vk]
+		v.Services++
+		if sk.Port == 0 {
+			if sk.Proto == ProtoTCP {
+				v.WildTcp++
+			} else {
+				v.WildUdp++
+			}
+		}
+		want[vk] = v
+		byID[sv.Id] = lbxdpLbSvcEntry{Key: sk, Svc: sv}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("verify indexes: read services: %w", err)
+	}
+
+	have := map[lbxdpLbVipKey]lbxdpLbVip{}
+	var vk lbxdpLbVipKey
+	var v lbxdpLbVip
+	vit := d.objs.LbVips.Iterate()
+	for vit.Next(&vk, &v) {
+		have[vk] = v
+	}
+	if err := vit.Err(); err != nil {
+		return nil, fmt.Errorf("verify indexes: read vips: %w", err)
+	}
+	for k, w := range want {
+		if h, ok := have[k]; !ok || h != w {
+			diffs = append(diffs, fmt.Sprintf("vip %s: %+v, want %+v", bytesAddr(k.Addr, k.Family), h, w))
+			if err := d.objs.LbVips.Update(&k, &w, ebpf.UpdateAny); err != nil {
+				return diffs, fmt.Errorf("repair vip: %w", err)
+			}
+		}
+	}
+	for k := range have {
+		if _, ok := want[k]; !ok {
+			diffs = append(diffs, fmt.Sprintf("vip %s: present without a service", bytesAddr(k.Addr, k.Family)))
+			if err := d.objs.LbVips.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return diffs, fmt.Errorf("repair vip: %w", err)
+			}
+		}
+	}
+
+	var e lbxdpLbSvcEntry
+	for id := uint32(0); id < d.objs.LbSvcById.MaxEntries(); id++ {
+		if err := d.objs.LbSvcById.Lookup(id, &e); err != nil {
+			return diffs, fmt.Errorf("verify indexes: read service index %d: %w", id, err)
+		}
+		w := byID[id]
+		if e != w {
+			diffs = append(diffs, fmt.Sprintf("service index %d does not match lb_services", id))
+			if err := d.objs.LbSvcById.Update(id, &w, ebpf.UpdateAny); err != nil {
+				return diffs, fmt.Errorf("repair service index: %w", err)
+			}
+		}
+	}
+
+	var bits lbxdpLbVipBitmap
+	if err := d.objs.LbVipFilter.Lookup(uint32(0), &bits); err != nil {
+		return diffs, fmt.Errorf("verify indexes: read vip filter: %w", err)
+	}
+	d.filter = vipFilter{}
+	for k := range want {
+		d.filter.add(vipBucket(k.Addr, k.Family), 1)
+	}
+	if bits != d.filter.bits {
+		diffs = append(diffs, "vip filter bits do not match the VIPs")
+		if err := d.writeFilter(); err != nil {
+			return diffs, err
+		}
+	}
+	return diffs, nil
+}
+
+// MaglevTableMatches reports whether a service's table map holds exactly table, in
+// its size slot and in both halves (UpdateMaglevTable relies on the inactive half
+// being a copy of the active one). A nil table matches a service without a table.
+func (d *Datapath) MaglevTableMatches(serviceID uint32, table []uint32) (bool, error) {
+	inner, err := d.tableMap(serviceID)
+	if err != nil || inner == nil {
+		return inner == nil && len(table) == 0, err
+	}
+	defer inner.Close()
+	m := uint32(len(table))
+	n := inner.MaxEntries()
+	if m == 0 || n != 2*m+1 {
+		return false, nil
+	}
+	vals := make([]uint32, n)
+	keys := make([]uint32, n)
+	var cursor ebpf.MapBatchCursor
+	got := 0
+	for got < int(n) {
+		c, err := inner.BatchLookup(&cursor, keys[got:], vals[got:], nil)
+		got += c
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			break
+		}
+		if err != nil {
+			return false, fmt.Errorf("read maglev table: %w", err)
+		}
+	}
+	if got != int(n) || vals[0]&^tableHalfBit != m {
+		return false, nil
+	}
+	for i, id := range table {
+		if vals[1+i] != id || vals[1+int(m)+i] != id {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// Backends returns every backend in use, by ID, read in batches.
+func (d *Datapath) Backends() (map[uint32]Backend, error) {
+	n := d.objs.LbBackends.MaxEntries()
+	keys := make([]uint32, n)
+	vals := make([]lbxdpLbBackend, n)
+	var cursor ebpf.MapBatchCursor
+	got := 0
+	for got < int(n) {
+		c, err := d.objs.LbBackends.BatchLookup(&cursor, keys[got:], vals[got:], nil)
+		got += c
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read backends: %w", err)
+		}
+	}
+	out := map[uint32]Backend{}
+	for i := 0; i < got; i++ {
+		v := vals[i]
+		if v.Family != 0 {
+			out[keys[i]] = Backend{Addr: bytesAddr(v.Addr, v.Family), Port: htons(v.Port), Node: bytesAddr(v.NodeAddr, v.NodeFamily)}
+		}
+	}
+	return out, nil
+}

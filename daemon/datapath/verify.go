@@ -1,0 +1,269 @@
+//go:build linux
+
+package datapath
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/lbd-dev/lbd/bpf/lbxdp"
+	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
+)
+
+// DefaultVerifyInterval is how often RunVerify reads the datapath back.
+const DefaultVerifyInterval = 5 * time.Second
+
+func (m *Manager) verifyInterval() time.Duration {
+	if m.cfg.VerifyInterval > 0 {
+		return m.cfg.VerifyInterval
+	}
+	return DefaultVerifyInterval
+}
+
+// RunVerify calls Verify every verify interval until ctx ends.
+func (m *Manager) RunVerify(ctx context.Context) {
+	t := time.NewTicker(m.verifyInterval())
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		start := time.Now()
+		drift, err := m.Verify(ctx)
+		if err != nil {
+			m.log.Error("datapath verification failed", "op", "verify", "error", err)
+			continue
+		}
+		m.log.Debug("datapath verified", "op", "verify", "repaired", len(drift), "took", time.Since(start))
+	}
+}
+
+// Verify reads the maps and attachments back, compares them with what this daemon
+// wrote (the desired state), and repairs every difference: something other than lbd
+// changed a map entry, removed one, or detached a program. Each repair is logged with
+// what differed and counted by kind (DriftCounts). A node detached on purpose
+// (Detach) is left detached.
+func (m *Manager) Verify(context.Context) ([]*lbdv1.Drift, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.attached {
+		return nil, nil
+	}
+	var out []*lbdv1.Drift
+	note := func(kind, format string, args ...any) {
+		d := &lbdv1.Drift{Kind: kind, Description: fmt.Sprintf(format, args...)}
+		out = append(out, d)
+		m.drift[kind]++
+		m.log.Warn("datapath drift repaired", "op", "verify", "kind", kind, "what", d.Description)
+	}
+	gone, err := m.detachedLinks()
+	if err != nil {
+		return out, err
+	}
+	for _, name := range gone {
+		if err := m.reattach(name); err != nil {
+			return out, err
+		}
+		note("attachment", "link %s was detached from its interface: attached again", name)
+	}
+	changed, err := m.cfg.applySysctls()
+	for _, c := range changed {
+		note("sysctl", "%s (set again)", c)
+	}
+	if err != nil {
+		return out, err
+	}
+	if m.lb != nil && m.synced {
+		if err := m.verifyLB(note); err != nil {
+			return out, err
+		}
+	}
+	if m.be != nil {
+		if err := m.verifyBackend(note); err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+// verifyLB compares the LB maps with m.programmed and m.lbConfig. Caller holds mu.
+func (m *Manager) verifyLB(note func(kind, format string, args ...any)) error {
+	c, err := m.lb.Config()
+	if err != nil {
+		return err
+	}
+	if c != m.lbConfig {
+		if err := m.lb.SetConfig(m.lbConfig); err != nil {
+			return err
+		}
+		note("config", "datapath configuration %+v, want %+v", c, m.lbConfig)
+	}
+
+	have, err := m.lb.Services()
+	if err != nil {
+		return err
+	}
+	want := map[uint32]bool{}
+	for _, id := range slices.Sorted(maps.Keys(m.programmed)) {
+		p := m.programmed[id]
+		want[id] = true
+		if s, ok := have[p.key]; !ok || s != p.svc {
+			if err := m.lb.UpsertService(p.key, p.svc); err != nil {
+				return err
+			}
+			note("service", "service %s (%s): %s", p.name, keyString(p.key), presence(ok, fmt.Sprintf("%+v, want %+v", s, p.svc)))
+		}
+	}
+	for k, s := range have {
+		if p := m.programmed[s.ID]; p == nil || p.key != k {
+			if err := m.lb.DeleteService(k); err != nil {
+				return err
+			}
+			note("service", "service %s with ID %d is not desired: removed", keyString(k), s.ID)
+		}
+	}
+	diffs, err := m.lb.VerifyIndexes()
+	if err != nil {
+		return err
+	}
+	for _, d := range diffs {
+		note("service_index", "%s", d)
+	}
+
+	backends, err := m.lb.Backends()
+	if err != nil {
+		return err
+	}
+	live := map[uint32]bool{}
+	for _, id := range slices.Sorted(maps.Keys(m.programmed)) {
+		p := m.programmed[id]
+		for bid, b := range p.backends {
+			live[bid] = true
+			if got, ok := backends[bid]; !ok || got != b {
+				if err := m.lb.UpsertBackend(bid, b); err != nil {
+					return err
+				}
+				note("backend", "backend %d of service %s: %s", bid, p.name, presence(ok, fmt.Sprintf("%+v, want %+v", got, b)))
+			}
+		}
+		ok, err := m.lb.MaglevTableMatches(id, p.table)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			if p.table == nil {
+				err = m.lb.DeleteMaglevTable(id)
+			} else {
+				err = m.lb.SetMaglevTable(id, p.table)
+			}
+			if err != nil {
+				return err
+			}
+			note("maglev_table", "Maglev table of service %s did not hold the desired %d slots: rewritten", p.name, len(p.table))
+		}
+	}
+	for bid := range backends {
+		if !live[bid] {
+			if err := m.lb.DeleteBackend(bid); err != nil {
+				return err
+			}
+			note("backend", "backend %d is not desired: removed", bid)
+		}
+	}
+
+	ranges, err := m.lb.SourceRanges()
+	if err != nil {
+		return err
+	}
+	for id, p := range m.programmed {
+		for _, r := range p.ranges {
+			if !slices.Contains(ranges[id], r) {
+				if err := m.lb.AddSourceRange(id, r); err != nil {
+					return err
+				}
+				note("source_range", "source range %s of service %s was missing", r, p.name)
+			}
+		}
+	}
+	for id, rs := range ranges {
+		p := m.programmed[id]
+		for _, r := range rs {
+			if p == nil || !slices.Contains(p.ranges, r) {
+				if err := m.lb.DeleteSourceRange(id, r); err != nil {
+					return err
+				}
+				note("source_range", "source range %s of service ID %d is not desired: removed", r, id)
+			}
+		}
+	}
+	return nil
+}
+
+// verifyBackend compares the backend role's configuration and allowed LB sources.
+// Caller holds mu.
+func (m *Manager) verifyBackend(note func(kind, format string, args ...any)) error {
+	c, err := m.be.Config()
+	if err != nil {
+		return err
+	}
+	if c.VNI != m.cfg.VNI {
+		was := c.VNI
+		c.VNI = m.cfg.VNI
+		if err := m.be.SetConfig(c); err != nil {
+			return err
+		}
+		note("config", "backend VNI was %d, want %d", was, m.cfg.VNI)
+	}
+	have, err := m.be.AllowedSources()
+	if err != nil {
+		return err
+	}
+	want := make([]netip.Prefix, 0, len(m.cfg.LBSources))
+	for _, p := range m.cfg.LBSources {
+		want = append(want, p.Masked())
+	}
+	slices.SortFunc(have, comparePrefix)
+	slices.SortFunc(want, comparePrefix)
+	if !slices.Equal(slices.Compact(have), slices.Compact(want)) {
+		if err := m.syncLBSources(); err != nil {
+			return err
+		}
+		note("lb_sources", "allowed LB sources %v, want %v", have, want)
+	}
+	return nil
+}
+
+func comparePrefix(a, b netip.Prefix) int {
+	if c := a.Addr().Compare(b.Addr()); c != 0 {
+		return c
+	}
+	return a.Bits() - b.Bits()
+}
+
+// DriftCounts returns the repairs Verify made since start, by kind.
+func (m *Manager) DriftCounts() map[string]uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return maps.Clone(m.drift)
+}
+
+func keyString(k lbxdp.ServiceKey) string {
+	proto := "tcp"
+	if k.Proto == lbxdp.ProtoUDP {
+		proto = "udp"
+	}
+	return fmt.Sprintf("%s/%s", netip.AddrPortFrom(k.VIP, k.Port), proto)
+}
+
+func presence(ok bool, diff string) string {
+	if !ok {
+		return "missing"
+	}
+	return diff
+}
