@@ -100,7 +100,7 @@ func (d *daemon) writeConfig(t *testing.T) {
 	cfg := fmt.Sprintf(`roles: [lb]
 state_dir: %s
 api: {socket: %s}
-datapath: {interfaces: [%s], bpffs_dir: %s}
+datapath: {interfaces: [%s], bpffs_dir: %s, verify_interval: %s}
 bgp:
   router_id: %s
   local_as: %d
@@ -114,7 +114,7 @@ bgp:
       keepalive_interval: %ds
       connect_retry: 1s
       graceful_restart: %s
-`, filepath.Join(d.dir, "state"), d.sock, d.node.ifc, d.bpffs,
+`, filepath.Join(d.dir, "state"), d.sock, d.node.ifc, d.bpffs, d.verifyInterval(),
 		d.node.addr4, lbAS, d.node.addr4, d.node.addr6,
 		routerFabric4, routerAS, int(bgpHold.Seconds()), int(bgpKeepalive.Seconds()), gr)
 	if err := os.WriteFile(d.configFile(), []byte(cfg), 0o600); err != nil {
@@ -122,21 +122,33 @@ bgp:
 	}
 }
 
+// verifyInterval is the daemon's datapath.verify_interval.
+func (d *daemon) verifyInterval() time.Duration {
+	if v := d.tb.opts.verifyInterval; v > 0 {
+		return v
+	}
+	return 5 * time.Second
+}
+
 func (d *daemon) args() []string {
 	var a []string
 	if d.bgp {
 		a = append(a, "--config", d.configFile())
 	}
+	// Debug logs say when each verification pass ran (forward_test.go waits for one).
 	a = append(a,
 		"--role", d.role, "--interface", d.node.ifc, "--bpffs-dir", d.bpffs,
 		"--state-dir", filepath.Join(d.dir, "state"), "--socket", d.sock,
-		"--metrics-listen", metricsAddr,
+		"--metrics-listen", metricsAddr, "--log-level", "debug",
 	)
 	if d.role == "lb" {
 		a = append(a, "--hash-seed", hashSeed)
 		if d.conntrackSize > 0 {
 			a = append(a, "--conntrack-size", fmt.Sprint(d.conntrackSize))
 		}
+	} else if d.tb.opts.backendLink {
+		// Geneve arrives over the second link, from the LB nodes' addresses there.
+		a = append(a, "--interface", d.node.backIfc, "--lb-source", backnet4.String(), "--lb-source", backnet6.String())
 	} else {
 		a = append(a, "--lb-source", fabric4.String(), "--lb-source", fabric6.String())
 	}
@@ -227,9 +239,13 @@ type svcSpec struct {
 func (tb *testbed) defaultServices() []svcSpec {
 	var web, stream, dns []string
 	for _, be := range tb.backends {
-		web = append(web, netip.AddrPortFrom(be.addr4, httpPort).String())
-		stream = append(stream, netip.AddrPortFrom(be.addr4, echoPort).String())
-		dns = append(dns, netip.AddrPortFrom(be.addr4, udpPort).String())
+		node := ""
+		if tb.opts.backendLink {
+			node = ",node=" + be.backAddr4.String()
+		}
+		web = append(web, netip.AddrPortFrom(be.addr4, httpPort).String()+node)
+		stream = append(stream, netip.AddrPortFrom(be.addr4, echoPort).String()+node)
+		dns = append(dns, netip.AddrPortFrom(be.addr4, udpPort).String()+node)
 	}
 	return []svcSpec{
 		{"web", vip4, webPort, "tcp", web},

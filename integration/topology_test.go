@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/lbd-dev/lbd/internal/testnet"
 	"golang.org/x/sys/unix"
@@ -38,6 +39,9 @@ var (
 	routerFabric6 = netip.MustParseAddr("2001:db8:f::1")
 	fabric4       = netip.MustParsePrefix("198.18.0.0/24")
 	fabric6       = netip.MustParsePrefix("2001:db8:f::/64")
+	// backnet4 and backnet6 are the second link of options.backendLink.
+	backnet4 = netip.MustParsePrefix("198.18.2.0/24")
+	backnet6 = netip.MustParsePrefix("2001:db8:b::/64")
 )
 
 // options shape a testbed; the zero value is the default topology.
@@ -59,6 +63,12 @@ type options struct {
 	// socketLB gives the first backend node's lbd socket-level load balancing for the
 	// processes of a cgroup the testbed creates (testbed.cgroup).
 	socketLB bool
+	// backendLink gives every node a second link into a backend network (backnet4,
+	// backnet6, its own bridge): LB nodes take client traffic on the fabric and send
+	// Geneve over the second link, and backend nodes accept Geneve only from there.
+	backendLink bool
+	// verifyInterval is the LB daemons' datapath.verify_interval; 0 keeps lbd's.
+	verifyInterval time.Duration
 }
 
 // node is an LB or backend node: a namespace with one uplink into the fabric bridge.
@@ -68,8 +78,11 @@ type node struct {
 	ifc, brIfc   string // uplink, and its peer on the bridge
 	mac          net.HardwareAddr
 	addr4, addr6 netip.Addr
-	lbd          *daemon
-	servers      *testnet.Proc // a backend node's servers
+	// The second link of options.backendLink, its bridge port and addresses.
+	backIfc, backBrIfc   string
+	backAddr4, backAddr6 netip.Addr
+	lbd                  *daemon
+	servers              *testnet.Proc // a backend node's servers
 }
 
 // testbed is one topology:
@@ -90,6 +103,7 @@ type testbed struct {
 	clientIf, routerCIf          string // the client link, client and router side
 	routerFIf, routerFBr         string // the router's fabric link and its bridge port
 	bridge                       string
+	backBridge                   string // the backend network's bridge (options.backendLink)
 	lbs, backends                []*node
 
 	bpffs       string // base bpffs directory, one subdirectory per node
@@ -120,7 +134,7 @@ func newTestbed(t *testing.T, opts options) *testbed {
 	tb := &testbed{
 		t: t, opts: opts, sfx: sfx,
 		clientIf: "cl-" + sfx, routerCIf: "rc-" + sfx, routerFIf: "rf-" + sfx, routerFBr: "brf-" + sfx,
-		bridge: "br-" + sfx,
+		bridge: "br-" + sfx, backBridge: "bb-" + sfx,
 	}
 	tb.dir = filepath.Join(os.TempDir(), "lbd-it-"+sfx)
 	if err := os.MkdirAll(tb.dir, 0o700); err != nil {
@@ -156,13 +170,17 @@ func newTestbed(t *testing.T, opts options) *testbed {
 func (tb *testbed) newNode(name string, role, i int) *node {
 	host := 10*role + i // lb1 .11, be1 .21
 	return &node{
-		name:  name,
-		ns:    testnet.NewNS(tb.t, "lbdit-"+tb.sfx+"-"+name),
-		ifc:   name + "-" + tb.sfx,
-		brIfc: "b" + name + "-" + tb.sfx,
-		mac:   net.HardwareAddr{0x02, 0, 0, 0, byte(role), byte(i)},
-		addr4: netip.MustParseAddr(fmt.Sprintf("198.18.0.%d", host)),
-		addr6: netip.MustParseAddr(fmt.Sprintf("2001:db8:f::%d", host)),
+		name:      name,
+		ns:        testnet.NewNS(tb.t, "lbdit-"+tb.sfx+"-"+name),
+		ifc:       name + "-" + tb.sfx,
+		brIfc:     "b" + name + "-" + tb.sfx,
+		mac:       net.HardwareAddr{0x02, 0, 0, 0, byte(role), byte(i)},
+		addr4:     netip.MustParseAddr(fmt.Sprintf("198.18.0.%d", host)),
+		addr6:     netip.MustParseAddr(fmt.Sprintf("2001:db8:f::%d", host)),
+		backIfc:   name + "k-" + tb.sfx,
+		backBrIfc: "k" + name + "-" + tb.sfx,
+		backAddr4: netip.MustParseAddr(fmt.Sprintf("198.18.2.%d", host)),
+		backAddr6: netip.MustParseAddr(fmt.Sprintf("2001:db8:b::%d", host)),
 	}
 }
 
@@ -202,6 +220,14 @@ func (tb *testbed) setupLinks() {
 	for _, p := range append([]string{tb.routerFBr}, tb.brPorts()...) {
 		br = append(br, fmt.Sprintf("link set %s master %s", p, tb.bridge))
 	}
+	if tb.opts.backendLink {
+		br = append(br, fmt.Sprintf("link add %s type bridge mcast_snooping 0", tb.backBridge), "link set "+tb.backBridge+" up")
+		for _, n := range tb.nodes() {
+			testnet.Veth(t, testnet.VethEnd{NS: n.ns, Name: n.backIfc, MTU: mtu},
+				testnet.VethEnd{NS: tb.bridgeNS, Name: n.backBrIfc, MTU: mtu})
+			br = append(br, fmt.Sprintf("link set %s master %s", n.backBrIfc, tb.backBridge))
+		}
+	}
 	tb.bridgeNS.IP(t, br...)
 }
 
@@ -223,6 +249,9 @@ func (tb *testbed) setupAddresses() {
 	tb.routerNS.AddAddr(t, tb.routerFIf, netip.PrefixFrom(routerFabric4, fabric4.Bits()), netip.PrefixFrom(routerFabric6, fabric6.Bits()))
 	for _, n := range tb.nodes() {
 		n.ns.AddAddr(t, n.ifc, netip.PrefixFrom(n.addr4, fabric4.Bits()), netip.PrefixFrom(n.addr6, fabric6.Bits()))
+		if tb.opts.backendLink {
+			n.ns.AddAddr(t, n.backIfc, netip.PrefixFrom(n.backAddr4, backnet4.Bits()), netip.PrefixFrom(n.backAddr6, backnet6.Bits()))
+		}
 		var lines []string
 		if strings.HasPrefix(n.name, "be") {
 			// Backends answer clients straight through the router (DSR). advmss keeps
@@ -234,16 +263,12 @@ func (tb *testbed) setupAddresses() {
 			lines = append(lines,
 				fmt.Sprintf("route add default via %s%s", routerFabric4, adv4),
 				fmt.Sprintf("route add ::/0 via %s%s", routerFabric6, adv6))
-		} else {
-			// bpf_fib_lookup in XDP does not resolve neighbours: the LB node needs
-			// entries for every backend node it sends to.
-			for _, be := range tb.backends {
-				lines = append(lines,
-					fmt.Sprintf("neigh replace %s lladdr %s dev %s nud permanent", be.addr4, be.mac, n.ifc),
-					fmt.Sprintf("neigh replace %s lladdr %s dev %s nud permanent", be.addr6, be.mac, n.ifc))
-			}
 		}
-		n.ns.IP(t, lines...)
+		// LB nodes get no neighbour entry for the backend nodes, as on a freshly booted
+		// host: lbd resolves and keeps its next hops itself.
+		if len(lines) > 0 {
+			n.ns.IP(t, lines...)
+		}
 	}
 }
 
@@ -256,16 +281,16 @@ func (tb *testbed) setupKernel() {
 		"net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1",
 		"net.ipv4.fib_multipath_hash_policy=3", "net.ipv4.fib_multipath_hash_fields=0x0037",
 		"net.ipv6.fib_multipath_hash_policy=3", "net.ipv6.fib_multipath_hash_fields=0x0037")
-	for _, lb := range tb.lbs {
-		// bpf_fib_lookup needs forwarding on the ingress device. LB nodes have no
-		// default route, so traffic XDP passes up cannot loop back to the router.
-		lb.ns.Sysctl(t, "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1")
-	}
+	// LB nodes keep the kernel's defaults (forwarding off): lbd turns on what its
+	// datapath needs on its own interfaces.
 	// Sockets on veth leave checksums to the device (CHECKSUM_PARTIAL), which native
 	// XDP and a SNAT that forgets the pseudo-header would hide: senders compute them.
 	tb.clientNS.Exec(t, "ethtool", "-K", tb.clientIf, "tx", "off")
 	for _, be := range tb.backends {
 		be.ns.Exec(t, "ethtool", "-K", be.ifc, "tx", "off")
+		if tb.opts.backendLink {
+			be.ns.Exec(t, "ethtool", "-K", be.backIfc, "tx", "off")
+		}
 	}
 }
 
@@ -274,6 +299,10 @@ func (tb *testbed) setupKernel() {
 func (tb *testbed) attachPeerXDP() {
 	for _, lb := range tb.lbs {
 		tb.bridgeNS.PassXDP(tb.t, lb.brIfc)
+		if tb.opts.backendLink {
+			// XDP_REDIRECT into the second link needs the same on its peer.
+			tb.bridgeNS.PassXDP(tb.t, lb.backBrIfc)
+		}
 	}
 }
 
