@@ -107,6 +107,7 @@ var commandClasses = []struct {
 	{"lbctl node drain", ClassDaemon, "control-plane state"},
 	{"lbctl node undrain", ClassDaemon, "control-plane state"},
 	{"lbctl node detach", ClassTestbed, "removes an attached datapath"},
+	{"lbctl node verify", ClassTestbed, "reads an attached datapath back"},
 	{"lbctl stats", ClassTestbed, "reads datapath counters: needs a role"},
 	{"lbctl conntrack", ClassTestbed, "reads datapath maps: needs a role"},
 	{"lbctl trace", ClassTestbed, "runs the loaded XDP program: needs an LB node"},
