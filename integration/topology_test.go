@@ -263,6 +263,12 @@ func (tb *testbed) setupAddresses() {
 			lines = append(lines,
 				fmt.Sprintf("route add default via %s%s", routerFabric4, adv4),
 				fmt.Sprintf("route add ::/0 via %s%s", routerFabric6, adv6))
+		} else {
+			// LB nodes have a default route, as real hosts do: VIP traffic the kernel
+			// got would go back to the router (lbd must never hand it any).
+			lines = append(lines,
+				fmt.Sprintf("route add default via %s", routerFabric4),
+				fmt.Sprintf("route add ::/0 via %s", routerFabric6))
 		}
 		// LB nodes get no neighbour entry for the backend nodes, as on a freshly booted
 		// host: lbd resolves and keeps its next hops itself.

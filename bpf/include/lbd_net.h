@@ -62,6 +62,8 @@
 #define LBD_ICMP6_TIME_EXCEED 3
 #define LBD_ICMP6_PARAMPROB 4
 #define LBD_ICMP6_PORT_UNREACH 4 /* code */
+#define LBD_ICMP6_ND_FIRST 133   /* router solicitation ... */
+#define LBD_ICMP6_ND_LAST 137    /* ... redirect */
 
 struct lbd_ethhdr {
 	__u8 dst[LBD_ETH_ALEN];

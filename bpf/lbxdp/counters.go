@@ -33,10 +33,13 @@ const (
 	DropInternal                           // a packet-resizing helper failed
 	DropNoRoute                            // no route (or an unreachable one) toward the backend's node
 	PassNoNeighbour                        // next hop unresolved: encapsulated and passed to the kernel
+	DropNoService                          // for a VIP, but no service on its port and protocol
+	DropExtHeaders                         // IPv6 to a VIP with more extension headers than followed
 	dropReasons
 )
 
-var dropNames = [...]string{"malformed", "fragment", "source_range", "no_backend", "rejected", "too_big", "too_big_unsignaled", "fib", "internal", "fib_no_route", "no_neighbour"}
+var dropNames = [...]string{"malformed", "fragment", "source_range", "no_backend", "rejected", "too_big",
+	"too_big_unsignaled", "fib", "internal", "fib_no_route", "no_neighbour", "no_service", "ipv6_ext_headers"}
 
 func (r DropReason) String() string {
 	if r < dropReasons {

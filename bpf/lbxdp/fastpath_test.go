@@ -138,8 +138,8 @@ func TestServiceShortcut(t *testing.T) {
 		if err := e.d.DeleteService(ServiceKey{vip4, 80, ProtoTCP}); err != nil {
 			t.Fatal(err)
 		}
-		if v, _ := e.run(t, ackOf(syn).Frame()); v != XDPPass {
-			t.Errorf("established flow of a deleted service: verdict %v, want XDP_PASS", v)
+		if v, _ := e.run(t, ackOf(syn).Frame()); v != XDPDrop {
+			t.Errorf("established flow of a deleted service: verdict %v, want XDP_DROP (no service)", v)
 		}
 	})
 	t.Run("service replaced under a new ID", func(t *testing.T) {
@@ -160,8 +160,8 @@ func TestServiceShortcut(t *testing.T) {
 		if err := e.d.DeleteService(ServiceKey{vip4, 80, ProtoTCP}); err != nil {
 			t.Fatal(err)
 		}
-		if v, _ := e.run(t, ackOf(syn).Frame()); v != XDPPass {
-			t.Errorf("flow to the old port: verdict %v, want XDP_PASS", v)
+		if v, _ := e.run(t, ackOf(syn).Frame()); v != XDPDrop {
+			t.Errorf("flow to the old port: verdict %v, want XDP_DROP (no service)", v)
 		}
 		moved := pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 4002, DstPort: 8080}
 		e.sendTo(t, moved)

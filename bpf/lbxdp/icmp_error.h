@@ -28,18 +28,26 @@ LBD_INLINE int lb_icmp_error(struct xdp_md *ctx, struct lb_pkt *pk)
 	int r;
 
 	vip = lb_vip_get(&pk->flow);
-	if (!vip || l4 > LBD_MAX_L4_OFF)
+	if (!vip)
 		return XDP_PASS;
+	/* From here on the packet is for a VIP: whatever lbd does not forward is dropped,
+	 * never handed to the kernel, which would route it back to the router. */
+	if (l4 > LBD_MAX_L4_OFF)
+		return lb_drop(pk, LB_DROP_MALFORMED);
 	icmp = data + l4;
 	if ((void *)(icmp + 1) > data_end)
 		return lb_drop(pk, LB_DROP_MALFORMED);
 	if (pk->p.family == LBD_FAMILY_V4) {
 		if (icmp->type != LBD_ICMP_DEST_UNREACH && icmp->type != LBD_ICMP_TIME_EXCEEDED &&
 		    icmp->type != LBD_ICMP_PARAMETERPROB)
-			return XDP_PASS;
+			return lb_drop(pk, LB_DROP_NO_SERVICE);
 	} else {
-		if (icmp->type < LBD_ICMP6_DEST_UNREACH || icmp->type > LBD_ICMP6_PARAMPROB)
+		/* Neighbour discovery is the kernel's whatever its target: it never leaves
+		 * the link (hop limit 255), so it cannot loop. */
+		if (icmp->type >= LBD_ICMP6_ND_FIRST && icmp->type <= LBD_ICMP6_ND_LAST)
 			return XDP_PASS;
+		if (icmp->type < LBD_ICMP6_DEST_UNREACH || icmp->type > LBD_ICMP6_PARAMPROB)
+			return lb_drop(pk, LB_DROP_NO_SERVICE);
 	}
 
 	/* The embedded packet went VIP:port -> client:port. */
@@ -56,7 +64,7 @@ LBD_INLINE int lb_icmp_error(struct xdp_md *ctx, struct lb_pkt *pk)
 		if ((void *)(eports + 2) > data_end || (void *)(eports + 2) > data + pk->p.ip_end)
 			return lb_drop(pk, LB_DROP_MALFORMED);
 		if (eip->saddr != *(__be32 *)pk->flow.daddr)
-			return XDP_PASS;
+			return lb_drop(pk, LB_DROP_NO_SERVICE);
 		sk.proto = eip->protocol;
 		__builtin_memcpy(pk->flow.saddr, &eip->daddr, 4);
 	} else {
@@ -66,19 +74,23 @@ LBD_INLINE int lb_icmp_error(struct xdp_md *ctx, struct lb_pkt *pk)
 		if ((void *)(eports + 2) > data_end || (void *)(eports + 2) > data + pk->p.ip_end)
 			return lb_drop(pk, LB_DROP_MALFORMED);
 		if (!lbd_addr_eq(eip6->saddr, pk->flow.daddr))
-			return XDP_PASS;
+			return lb_drop(pk, LB_DROP_NO_SERVICE);
 		sk.proto = eip6->nexthdr;
 		__builtin_memcpy(pk->flow.saddr, eip6->daddr, 16);
 	}
 	if (sk.proto != LBD_IPPROTO_TCP && sk.proto != LBD_IPPROTO_UDP)
-		return XDP_PASS;
+		return lb_drop(pk, LB_DROP_NO_SERVICE);
 	vport = eports[0];
 	__builtin_memcpy(sk.addr, pk->flow.daddr, 16);
 	sk.port = vport;
 	sk.family = pk->flow.family;
 	svc = lb_service_get(&sk, vip);
 	if (!svc)
-		return XDP_PASS;
+		return lb_drop(pk, LB_DROP_NO_SERVICE);
+
+	/* The client's address must be allowed, as for its own packets. */
+	if ((svc->flags & LB_SVC_SRC_RANGES) && !lb_src_allowed(svc, &pk->flow))
+		return lb_drop(pk, LB_DROP_SRC_RANGE);
 
 	/* Rebuild the client's flow to find its backend, as a client packet would. */
 	pk->flow.sport = eports[1];

@@ -192,6 +192,15 @@ LBD_INLINE struct lb_config *lb_config_get(void)
 #include "icmp_error.h"
 #include "trace.h"
 
+/* A packet lbd does not balance (another protocol, no service on that port): the
+ * kernel's if it is not for a VIP. A VIP's is dropped: the LB node does not own the
+ * VIP address, so the kernel would route the packet back to the router, which sends
+ * it here again, until its TTL runs out. */
+LBD_INLINE int lb_not_handled(struct lb_pkt *pk)
+{
+	return lb_vip_get(&pk->flow) ? lb_drop(pk, LB_DROP_NO_SERVICE) : XDP_PASS;
+}
+
 /* A packet whose destination address may be a VIP (lb_vip_filter). Whatever
  * it is dropped for must wait until lb_vips confirms the VIP: the filter has
  * false positives. */
@@ -236,14 +245,14 @@ LBD_INLINE int lb_handle_vip(struct xdp_md *ctx, struct lb_pkt *pk)
 	}
 	case LBD_IPPROTO_ICMP:
 		if (pk->p.family != LBD_FAMILY_V4)
-			return XDP_PASS;
+			return lb_not_handled(pk);
 		return lb_icmp_error(ctx, pk);
 	case LBD_IPPROTO_ICMPV6:
 		if (pk->p.family != LBD_FAMILY_V6)
-			return XDP_PASS;
+			return lb_not_handled(pk);
 		return lb_icmp_error(ctx, pk);
 	default:
-		return XDP_PASS;
+		return lb_not_handled(pk);
 	}
 	pk->flow.proto = pk->p.proto;
 
@@ -273,7 +282,7 @@ LBD_INLINE int lb_handle_vip(struct xdp_md *ctx, struct lb_pkt *pk)
 		sk.family = pk->flow.family;
 		svc = lb_service_get(&sk, vip);
 		if (!svc)
-			return XDP_PASS;
+			return lb_drop(pk, LB_DROP_NO_SERVICE);
 		if (syn)
 			ct = lb_ct_get(pk, now);
 	}
@@ -393,8 +402,6 @@ LBD_INLINE int lb_process(struct xdp_md *ctx, struct lb_pkt *pk)
 		r = lbd_parse_ipv6(data, data_end, &pk->p);
 		if (r == LBD_PARSE_MALFORMED)
 			return lb_drop(pk, LB_DROP_MALFORMED);
-		if (r != LBD_PARSE_OK)
-			return XDP_PASS;
 		ip6 = data + (pk->p.l3_off & LBD_L3_MASK);
 		if ((void *)(ip6 + 1) > data_end)
 			return lb_drop(pk, LB_DROP_MALFORMED);
@@ -407,6 +414,10 @@ LBD_INLINE int lb_process(struct xdp_md *ctx, struct lb_pkt *pk)
 		__builtin_memcpy(pk->flow.saddr, ip6->saddr, 16);
 		__builtin_memcpy(pk->flow.daddr, ip6->daddr, 16);
 		pk->flow.family = LBD_FAMILY_V6;
+		/* An extension header chain longer than lbd follows: not balanced, and for a
+		 * VIP not passed up either (it would loop through the router). */
+		if (r != LBD_PARSE_OK)
+			return lb_vip_get(&pk->flow) ? lb_drop(pk, LB_DROP_EXTHDRS) : XDP_PASS;
 	} else {
 		return XDP_PASS;
 	}

@@ -38,6 +38,8 @@ enum lb_drop_reason {
 	LB_DROP_INTERNAL,          /* a packet-resizing helper failed */
 	LB_DROP_FIB_NO_ROUTE,      /* no route (or an unreachable one) toward the backend node */
 	LB_PASS_NO_NEIGH,          /* next hop unresolved: encapsulated, passed to the kernel */
+	LB_DROP_NO_SERVICE,        /* for a VIP, but no service on its port and protocol */
+	LB_DROP_EXTHDRS,           /* IPv6 to a VIP with more extension headers than lbd follows */
 	LB_DROP_MAX,
 };
 

@@ -20,7 +20,10 @@ func echoFrame(src, dst netip.Addr) []byte {
 	return pktgen.Packet{Src: src, Dst: dst, TTL: 64, Proto: pktgen.ProtoICMPv6, ICMPType: 135, Payload: dst.AsSlice()}.Frame()
 }
 
-// TestPass: traffic that is not for a configured VIP service leaves untouched.
+// TestPass: traffic that is not for a VIP leaves untouched, and so does neighbour
+// discovery whatever its target. Traffic for a VIP that no service takes is dropped
+// and counted (no_service): the LB node does not own the VIP, so the kernel would
+// route it back to the router, which sends it here again until its TTL runs out.
 func TestPass(t *testing.T) {
 	e := encapEnv(t)
 	other4 := netip.MustParseAddr("203.0.113.99")
@@ -31,24 +34,46 @@ func TestPass(t *testing.T) {
 	pass := func(name string, frame []byte) pktgen.Case[caseEnv, Verdict] {
 		return pktgen.Case[caseEnv, Verdict]{Name: name, In: frame, Verdict: XDPPass, Check: unchanged}
 	}
+	noService := func(name string, frame []byte) pktgen.Case[caseEnv, Verdict] {
+		return pktgen.Case[caseEnv, Verdict]{Name: name, In: frame, Verdict: XDPDrop, Check: counted(DropNoService)}
+	}
 	e.runCases(t, []pktgen.Case[caseEnv, Verdict]{
 		pass("arp", pktgen.ARPRequest(clientMAC, client4, vip4)),
 		pass("tcp4 to another address", pktgen.Packet{Src: client4, Dst: other4, SrcPort: 1234, DstPort: 80}.Frame()),
 		pass("udp6 to another address", pktgen.Packet{Src: client6, Dst: other6, SrcPort: 1234, DstPort: 53, Proto: ProtoUDP}.Frame()),
-		pass("vip port without service", pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 1234, DstPort: 8081}.Frame()),
-		pass("vip6 port without service", pktgen.Packet{Src: client6, Dst: vip6, SrcPort: 1234, DstPort: 8081}.Frame()),
-		pass("udp to a tcp-only port", pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 1234, DstPort: 80, Proto: ProtoUDP}.Frame()),
-		pass("udp to a tcp wildcard vip", pktgen.Packet{Src: client4, Dst: vip4b, SrcPort: 1234, DstPort: 80, Proto: ProtoUDP}.Frame()),
-		pass("icmp echo to vip", echoFrame(client4, vip4)),
+		noService("vip port without service", pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 1234, DstPort: 8081}.Frame()),
+		noService("vip6 port without service", pktgen.Packet{Src: client6, Dst: vip6, SrcPort: 1234, DstPort: 8081}.Frame()),
+		noService("udp to a tcp-only port", pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 1234, DstPort: 80, Proto: ProtoUDP}.Frame()),
+		noService("udp to a tcp wildcard vip", pktgen.Packet{Src: client4, Dst: vip4b, SrcPort: 1234, DstPort: 80, Proto: ProtoUDP}.Frame()),
+		noService("icmp echo to vip", echoFrame(client4, vip4)),
+		noService("icmpv6 echo to vip6", pktgen.Packet{Src: client6, Dst: vip6, TTL: 64, Proto: pktgen.ProtoICMPv6, ICMPType: 128,
+			ICMPRest: 1<<16 | 1, Payload: []byte("ping")}.Frame()),
+		noService("another protocol to vip", pktgen.Edit(pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 1, DstPort: 80}.Frame(),
+			func(b []byte, at pktgen.Offsets) { setIPv4Protocol(b[at.L3:], 132) })),
 		pass("neighbour solicitation to vip6", echoFrame(client6, vip6)),
 		pass("truncated tcp to another address", truncatedTCP),
 		pass("tcp4 from the vip", pktgen.Packet{Src: vip4, Dst: client4, SrcPort: 80, DstPort: 1234}.Frame()),
 	})
 }
 
+// setIPv4Protocol changes an IPv4 header's protocol and fixes its checksum.
+func setIPv4Protocol(ip []byte, proto byte) {
+	ip[9] = proto
+	binary.BigEndian.PutUint16(ip[10:], 0)
+	var sum uint32
+	for i := 0; i < 20; i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(ip[i:]))
+	}
+	for sum>>16 != 0 {
+		sum = sum&0xffff + sum>>16
+	}
+	binary.BigEndian.PutUint16(ip[10:], ^uint16(sum))
+}
+
 // TestWildcardPort: a port-0 service takes every port of its VIP and
-// protocol, an exact-port service on the same VIP wins over it, and deleting
-// services makes the VIP pass again.
+// protocol, an exact-port service on the same VIP wins over it; deleting the
+// wildcard drops its ports as no_service while the VIP has a service, and deleting
+// every service makes the address pass again.
 func TestWildcardPort(t *testing.T) {
 	e := encapEnv(t)
 	e.addBackend(t, 8, "198.18.20.8", 9000, "198.18.10.8")
@@ -79,8 +104,8 @@ func TestWildcardPort(t *testing.T) {
 	if err := e.d.DeleteService(ServiceKey{vip4b, 0, ProtoTCP}); err != nil {
 		t.Fatal(err)
 	}
-	if v, _ := e.run(t, pktgen.Packet{Src: client4, Dst: vip4b, SrcPort: 5556, DstPort: 22}.Frame()); v != XDPPass {
-		t.Errorf("after deleting the wildcard service: verdict %v, want XDP_PASS", v)
+	if v, _ := e.run(t, pktgen.Packet{Src: client4, Dst: vip4b, SrcPort: 5556, DstPort: 22}.Frame()); v != XDPDrop {
+		t.Errorf("after deleting the wildcard service: verdict %v, want XDP_DROP (no service)", v)
 	}
 	if v, _ := e.run(t, pktgen.Packet{Src: client4, Dst: vip4b, SrcPort: 5556, DstPort: 443}.Frame()); v != XDPTx {
 		t.Errorf("exact service after wildcard deletion: verdict %v, want XDP_TX", v)

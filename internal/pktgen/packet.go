@@ -61,6 +61,7 @@ type Packet struct {
 	DF        bool      // IPv4 don't fragment
 	IPOptions []byte    // IPv4 options, padded with zeros (end of options) to 4 bytes
 	HopByHop  bool      // IPv6: an 8-byte hop-by-hop header (one PadN) first
+	DestOpts  int       // IPv6: this many 8-byte destination-options headers, after hop-by-hop
 	Fragment  *Fragment // makes the packet a fragment
 
 	// Transport.
@@ -218,6 +219,10 @@ func (p Packet) ipv6Header(l4len int) []byte {
 	if p.HopByHop {
 		h[next], next = 0, len(h)
 		h = append(h, 0, 0, 1, 4, 0, 0, 0, 0) // length 0 (8 bytes): PadN of 4 bytes
+	}
+	for range p.DestOpts {
+		h[next], next = 60, len(h)
+		h = append(h, 0, 0, 1, 4, 0, 0, 0, 0)
 	}
 	if f := p.Fragment; f != nil {
 		fo := f.Offset << 3
