@@ -220,3 +220,123 @@ func checkDecoded(t *testing.T, out []byte, tc egressCase) {
 		t.Errorf("reply from %v, want %v", got, vip)
 	}
 }
+
+// onesSum is the ones' complement sum of b in 16-bit words, folded (RFC 1071); an odd
+// last byte is padded with a zero. It is this test's own arithmetic, shared with
+// neither the program nor pktgen.
+func onesSum(b []byte) uint16 {
+	var s uint32
+	for i := 0; i < len(b); i += 2 {
+		w := uint32(b[i]) << 8
+		if i+1 < len(b) {
+			w |= uint32(b[i+1])
+		}
+		s += w
+	}
+	for s > 0xffff {
+		s = s&0xffff + s>>16
+	}
+	return uint16(s)
+}
+
+// udpSum is the ones' complement sum of a UDP datagram from src to dst carrying
+// payload, its checksum field 0, and its pseudo-header (RFC 768, RFC 8200 §8.1).
+func udpSum(src, dst netip.AddrPort, payload []byte) uint16 {
+	n := 8 + len(payload)
+	b := append(src.Addr().AsSlice(), dst.Addr().AsSlice()...)
+	if src.Addr().Is4() {
+		b = append(b, 0, pktgen.ProtoUDP, byte(n>>8), byte(n))
+	} else {
+		b = binary.BigEndian.AppendUint32(b, uint32(n))
+		b = append(b, 0, 0, 0, pktgen.ProtoUDP)
+	}
+	b = binary.BigEndian.AppendUint16(b, src.Port())
+	b = binary.BigEndian.AppendUint16(b, dst.Port())
+	b = binary.BigEndian.AppendUint16(b, uint16(n))
+	b = append(b, 0, 0)
+	return onesSum(append(b, payload...))
+}
+
+// zeroSumPayload returns prefix (of even length) and a last word chosen so that the
+// checksum of a UDP datagram from src to dst carrying it computes to exactly 0: the
+// sum of everything it covers is 0xffff, whose complement is 0.
+func zeroSumPayload(t *testing.T, src, dst netip.AddrPort, prefix []byte) []byte {
+	t.Helper()
+	if len(prefix)%2 != 0 {
+		t.Fatalf("prefix of odd length %d", len(prefix))
+	}
+	p := append(append([]byte(nil), prefix...), 0, 0)
+	binary.BigEndian.PutUint16(p[len(p)-2:], ^udpSum(src, dst, p))
+	if s := udpSum(src, dst, p); ^s != 0 {
+		t.Fatalf("payload %x: the checksum computes to %#04x, not 0", p, ^s)
+	}
+	return p
+}
+
+// TestEgressUDPChecksumZero sends UDP whose checksum, once the egress program has
+// rewritten it, computes to exactly 0. It must leave as 0xffff: a UDP checksum of 0
+// means "none" (RFC 768), and over IPv6 a receiver must drop it (RFC 8200 §8.1). The
+// reply's source becomes VIP:port; an ICMP error's quoted request gets VIP:port as
+// its destination again, so its checksum must read as the client sent it, and the
+// client sent a computed 0 as 0xffff.
+func TestEgressUDPChecksumZero(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		udp      flow
+		vip      netip.AddrPort
+		icmp     bool
+		icmpType uint8
+		icmpCode uint8
+	}{
+		{name: "IPv6 reply", udp: udpReq6, vip: vipV6},
+		{name: "IPv4 reply", udp: udpReq, vip: vipV4},
+		{name: "ICMPv6 port unreachable quoting the request", udp: udpReq6, vip: vipV6, icmp: true, icmpType: 1, icmpCode: 4},
+		{name: "ICMP port unreachable quoting the request", udp: udpReq, vip: vipV4, icmp: true, icmpType: 3, icmpCode: 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := tc.udp
+			var in, want []byte
+			l3 := 20
+			if f.client.Addr().Is6() {
+				l3 = 40
+			}
+			// Where the UDP checksum that must read 0xffff on the way out is: in the
+			// reply, or in the packet the ICMP error quotes.
+			udpAt := 14 + l3
+			if !tc.icmp {
+				f.payload = zeroSumPayload(t, tc.vip, f.client, []byte("reply!"))
+				in, want = f.reply(f.backend).Frame(), f.reply(tc.vip).Frame()
+			} else {
+				f.payload = zeroSumPayload(t, f.client, tc.vip, []byte("query!"))
+				in = icmpError(f.backend.Addr(), f.client.Addr(), tc.icmpType, tc.icmpCode, 0, f.request())
+				want = icmpError(tc.vip.Addr(), f.client.Addr(), tc.icmpType, tc.icmpCode, 0, f.original(tc.vip))
+				udpAt += 8 + l3
+			}
+			if err := pktgen.VerifyIP(in[14:]); err != nil {
+				t.Fatalf("input: %v", err)
+			}
+
+			d := newDatapath(t)
+			if v, _ := run(t, d.IngressProgram(), v4Encap(pktgen.DSROption(tc.vip)).Frame(f.request())); v != verdictNext {
+				t.Fatalf("ingress verdict %#x", v)
+			}
+			verdict, out := run(t, d.EgressProgram(), in)
+			if verdict != verdictNext {
+				t.Errorf("verdict %#x, want TCX_NEXT", verdict)
+			}
+			if got := binary.BigEndian.Uint16(out[udpAt+6:]); got != 0xffff {
+				t.Errorf("UDP checksum %#04x, want 0xffff", got)
+			}
+			if err := pktgen.VerifyIP(out[14:]); err != nil {
+				t.Errorf("output: %v", err)
+			}
+			if tc.icmp {
+				// The quote is whole: its own checksums verify too.
+				if err := pktgen.VerifyIP(out[14+l3+8:]); err != nil {
+					t.Errorf("quoted packet: %v", err)
+				}
+			}
+			pktgen.ExpectFrame(t, out, want)
+		})
+	}
+}

@@ -15,6 +15,12 @@ LBD_INLINE int snat(struct __sk_buff *skb, struct nat_key *key, __u32 ip_off,
 	__u32 csum_off = l4_off + (proto == LBD_IPPROTO_TCP ? offsetof(struct lbd_tcphdr, check) :
 							  offsetof(struct lbd_udphdr, check));
 	__u8 tcp_flags = 0;
+	/* A UDP checksum that computes to 0 is sent as 0xffff (RFC 768): 0 means "none",
+	 * which IPv4 allows and IPv6 receivers drop (RFC 8200 §8.1). MARK_MANGLED_0 does
+	 * that, and leaves a 0 that came in alone: over IPv4 it is the sender's "none",
+	 * over IPv6 only a socket that opted out (UDP_NO_CHECK6_TX, RFC 6935) sends it,
+	 * to a receiver that accepts it. TCP has no such rule. */
+	__u64 mm = proto == LBD_IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
 
 	if (bpf_skb_load_bytes(skb, l4_off, ports, sizeof(ports)) < 0)
 		return LBD_TCX_NEXT;
@@ -29,8 +35,6 @@ LBD_INLINE int snat(struct __sk_buff *skb, struct nat_key *key, __u32 ip_off,
 
 	if (key->family == LBD_FAMILY_V4) {
 		__be32 from, to;
-		/* A UDP checksum of 0 means "none" over IPv4 and must stay 0. */
-		__u64 mm = proto == LBD_IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
 
 		__builtin_memcpy(&from, key->backend, 4);
 		__builtin_memcpy(&to, vip, 4);
@@ -43,8 +47,8 @@ LBD_INLINE int snat(struct __sk_buff *skb, struct nat_key *key, __u32 ip_off,
 		__s64 diff = bpf_csum_diff((__be32 *)key->backend, 16, (__be32 *)vip, 16, 0);
 
 		if (diff < 0 ||
-		    bpf_l4_csum_replace(skb, csum_off, 0, diff, BPF_F_PSEUDO_HDR) ||
-		    bpf_l4_csum_replace(skb, csum_off, ports[0], vport, 2) ||
+		    bpf_l4_csum_replace(skb, csum_off, 0, diff, BPF_F_PSEUDO_HDR | mm) ||
+		    bpf_l4_csum_replace(skb, csum_off, ports[0], vport, mm | 2) ||
 		    bpf_skb_store_bytes(skb, ip_off + offsetof(struct lbd_ipv6hdr, saddr), vip, 16, 0))
 			return drop(CNT_DROP_SNAT_FAILED);
 	}
@@ -84,7 +88,10 @@ LBD_INLINE int rewrite_quoted(struct __sk_buff *skb, struct quoted *q,
 	__u16 l4_old, l4_new;
 
 	/* The quoted L4 checksum is present when the error quotes enough of the packet
-	 * (Linux quotes up to 576/1280 bytes); a zero UDP checksum stays zero. */
+	 * (Linux quotes up to 576/1280 bytes). A UDP checksum that computes to 0 is
+	 * written 0xffff, as the client wrote it (RFC 768; RFC 8200 §8.1 for IPv6); a 0
+	 * in the quote is the client's own "none" (IPv4, or an IPv6 socket that opted
+	 * out) and stays. */
 	if (bpf_skb_load_bytes(skb, l4_csum_off, &l4_old, 2) == 0 &&
 	    !(q->key.proto == LBD_IPPROTO_UDP && l4_old == 0)) {
 		l4_new = lbd_csum_apply(l4_old, diff + lbd_csum_diff2(q->key.backend_port, vport));
