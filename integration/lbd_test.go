@@ -88,20 +88,32 @@ func (tb *testbed) startLBD() {
 // configFile is the path of an LB daemon's configuration file.
 func (d *daemon) configFile() string { return filepath.Join(d.dir, "lbd.yaml") }
 
-// writeConfig writes the configuration file of an LB daemon with BGP: the node's own
-// settings (which the file must hold to be valid on its own; the flags repeat them)
-// and one peer, the router, with the testbed's short timers.
+// writeConfig writes the daemon's configuration file: the node's own settings (which
+// the file must hold to be valid on its own; the flags repeat them), the testbed's
+// datapath settings, and for an LB daemon with BGP one peer, the router, with the
+// testbed's short timers.
 func (d *daemon) writeConfig(t *testing.T) {
 	t.Helper()
+	cfg := fmt.Sprintf(`roles: [%s]
+state_dir: %s
+api: {socket: %s}
+datapath: {interfaces: [%s], bpffs_dir: %s, verify_interval: %s, lb_sources: [%s, %s]%s}
+`, d.role, filepath.Join(d.dir, "state"), d.sock, d.node.ifc, d.bpffs, d.verifyInterval(), fabric4, fabric6, d.tb.opts.datapathYAML)
+	if d.bgp {
+		cfg += d.bgpConfig()
+	}
+	if err := os.WriteFile(d.configFile(), []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// bgpConfig is the bgp section of an LB daemon's configuration.
+func (d *daemon) bgpConfig() string {
 	gr := "{enabled: false}"
 	if d.gracefulRestart {
 		gr = "{enabled: true, restart_time: 60s}"
 	}
-	cfg := fmt.Sprintf(`roles: [lb]
-state_dir: %s
-api: {socket: %s}
-datapath: {interfaces: [%s], bpffs_dir: %s, verify_interval: %s}
-bgp:
+	return fmt.Sprintf(`bgp:
   router_id: %s
   local_as: %d
   listen_port: 0
@@ -114,12 +126,8 @@ bgp:
       keepalive_interval: %ds
       connect_retry: 1s
       graceful_restart: %s
-`, filepath.Join(d.dir, "state"), d.sock, d.node.ifc, d.bpffs, d.verifyInterval(),
-		d.node.addr4, lbAS, d.node.addr4, d.node.addr6,
+`, d.node.addr4, lbAS, d.node.addr4, d.node.addr6,
 		routerFabric4, routerAS, int(bgpHold.Seconds()), int(bgpKeepalive.Seconds()), gr)
-	if err := os.WriteFile(d.configFile(), []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // verifyInterval is the daemon's datapath.verify_interval.
@@ -131,10 +139,7 @@ func (d *daemon) verifyInterval() time.Duration {
 }
 
 func (d *daemon) args() []string {
-	var a []string
-	if d.bgp {
-		a = append(a, "--config", d.configFile())
-	}
+	a := []string{"--config", d.configFile()}
 	// Debug logs say when each verification pass ran (forward_test.go waits for one).
 	a = append(a,
 		"--role", d.role, "--interface", d.node.ifc, "--bpffs-dir", d.bpffs,
@@ -161,9 +166,7 @@ func (d *daemon) args() []string {
 // start runs lbd and waits until its API answers with the datapath attached.
 func (d *daemon) start(t *testing.T) {
 	t.Helper()
-	if d.bgp {
-		d.writeConfig(t)
-	}
+	d.writeConfig(t)
 	d.proc = d.tb.spawn("lbd-"+d.node.name, d.node.ns, nil, append([]string{d.tb.lbdBin}, d.args()...)...)
 	deadline := time.Now().Add(20 * time.Second)
 	for {

@@ -44,6 +44,10 @@ func (tb *testbed) startServers(be *node) {
 	if err != nil {
 		tb.t.Fatal(err)
 	}
-	be.servers = tb.spawn("servers-"+be.name, be.ns, []string{serverEnv + "=" + be.name}, self)
+	env := []string{serverEnv + "=" + be.name}
+	if tb.opts.keepalive > 0 {
+		env = append(env, keepaliveEnv+"="+tb.opts.keepalive.String())
+	}
+	be.servers = tb.spawn("servers-"+be.name, be.ns, env, self)
 	be.servers.WaitLog(tb.t, "ready", 10*time.Second)
 }

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"time"
 )
 
 // Ports the backend servers listen on (every address of their node).
@@ -40,9 +41,15 @@ func serve(name string) int {
 	if err != nil {
 		return fail(err)
 	}
+	var keepalive time.Duration
+	if s := os.Getenv(keepaliveEnv); s != "" {
+		if keepalive, err = time.ParseDuration(s); err != nil {
+			return fail(err)
+		}
+	}
 	errc := make(chan error, 3)
 	go func() { errc <- http.Serve(hl, httpHandler(name)) }()
-	go func() { errc <- serveEcho(name, el) }()
+	go func() { errc <- serveEcho(name, el, keepalive) }()
 	go func() { errc <- serveUDP(name, uc) }()
 	fmt.Println("ready")
 	return fail(<-errc)
@@ -74,11 +81,18 @@ func httpHandler(name string) http.Handler {
 	return mux
 }
 
-func serveEcho(name string, l net.Listener) error {
+// keepaliveEnv, when set, is how often the echo server probes an idle connection
+// (TCP keepalive): the probes leave the backend node through its SNAT, like any reply.
+const keepaliveEnv = "LBD_IT_KEEPALIVE"
+
+func serveEcho(name string, l net.Listener, keepalive time.Duration) error {
 	for {
 		c, err := l.Accept()
 		if err != nil {
 			return fmt.Errorf("accept: %w", err)
+		}
+		if keepalive > 0 {
+			c.(*net.TCPConn).SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: keepalive, Interval: keepalive, Count: 3})
 		}
 		go func() {
 			defer c.Close()

@@ -69,6 +69,10 @@ type options struct {
 	backendLink bool
 	// verifyInterval is the LB daemons' datapath.verify_interval; 0 keeps lbd's.
 	verifyInterval time.Duration
+	// datapathYAML adds settings to every daemon's datapath section (", key: value").
+	datapathYAML string
+	// keepalive makes the backend servers probe idle echo connections this often.
+	keepalive time.Duration
 }
 
 // node is an LB or backend node: a namespace with one uplink into the fabric bridge.

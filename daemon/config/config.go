@@ -58,8 +58,16 @@ type Datapath struct {
 	// GC bounds the garbage collector's adaptive interval.
 	GCMinInterval Duration `json:"gc_min_interval"`
 	GCMaxInterval Duration `json:"gc_max_interval"`
-	// NAT entries on backend nodes expire after this idle time (closing TCP: the second).
-	NATIdleTimeout    Duration `json:"nat_idle_timeout"`
+	// TCPIdleTimeout is how long an established TCP flow may stay idle before the LB
+	// nodes forget it; UDPIdleTimeout the same for UDP flows. Backend nodes keep a flow's
+	// NAT entry a quarter longer, so it always outlives the LB nodes' entry. Keep both
+	// the same on every node, and the TCP one above the clients' and servers' keepalive
+	// interval (2 h by default on Linux).
+	TCPIdleTimeout Duration `json:"tcp_idle_timeout"`
+	UDPIdleTimeout Duration `json:"udp_idle_timeout"`
+	// NATIdleTimeout is refused: NAT entries follow TCPIdleTimeout and UDPIdleTimeout.
+	NATIdleTimeout Duration `json:"nat_idle_timeout,omitempty"`
+	// NATClosingTimeout expires NAT entries of TCP flows that saw a FIN or RST.
 	NATClosingTimeout Duration `json:"nat_closing_timeout"`
 	// SocketLB translates the connections of local processes to services at the socket,
 	// on any node (any role, or none): their first packet already goes to a backend.
@@ -143,7 +151,8 @@ func Default() Config {
 			NATSize:           1 << 18,
 			GCMinInterval:     Duration(time.Second),
 			GCMaxInterval:     Duration(time.Minute),
-			NATIdleTimeout:    Duration(time.Hour),
+			TCPIdleTimeout:    Duration(6 * time.Hour),
+			UDPIdleTimeout:    Duration(time.Minute),
 			NATClosingTimeout: Duration(time.Minute),
 			SocketLB:          SocketLB{Translations: 1 << 18},
 			VerifyInterval:    Duration(5 * time.Second),
@@ -267,8 +276,16 @@ func (d Datapath) validate(anyRole, backend bool) []error {
 	if d.VerifyInterval < Duration(100*time.Millisecond) {
 		errs = append(errs, fmt.Errorf("datapath.verify_interval: %v must be at least 100ms", time.Duration(d.VerifyInterval)))
 	}
-	if d.NATIdleTimeout <= 0 || d.NATClosingTimeout <= 0 {
-		errs = append(errs, errors.New("datapath: nat_idle_timeout and nat_closing_timeout must be positive"))
+	if d.NATIdleTimeout != 0 {
+		errs = append(errs, errors.New("datapath.nat_idle_timeout: no longer set on its own; NAT entries live 1.25 × "+
+			"datapath.tcp_idle_timeout (UDP: udp_idle_timeout), so that they always outlive the LB nodes' flows: remove it"))
+	}
+	if d.TCPIdleTimeout < Duration(10*time.Second) || d.UDPIdleTimeout < Duration(time.Second) {
+		errs = append(errs, fmt.Errorf("datapath: tcp_idle_timeout (%v) must be at least 10s and udp_idle_timeout (%v) at least 1s",
+			time.Duration(d.TCPIdleTimeout), time.Duration(d.UDPIdleTimeout)))
+	}
+	if d.NATClosingTimeout <= 0 {
+		errs = append(errs, errors.New("datapath: nat_closing_timeout must be positive"))
 	}
 	if s := d.SocketLB; s.Enabled {
 		if s.Cgroup != "" && !filepath.IsAbs(s.Cgroup) {

@@ -22,8 +22,12 @@ func (t conntrackTable) Sweep(now time.Duration) (scanned, deleted int, err erro
 
 // natTable adapts the backend NAT map to the collector.
 type natTable struct {
-	be            *backendtc.Datapath
-	idle, closing time.Duration
+	be                        *backendtc.Datapath
+	tcpIdle, udpIdle, closing time.Duration
+}
+
+func (m *Manager) natTable() natTable {
+	return natTable{m.be, NATIdle(m.cfg.tcpIdle()), NATIdle(m.cfg.udpIdle()), m.cfg.NATClosingTimeout}
 }
 
 func (natTable) Name() string { return "nat" }
@@ -35,7 +39,11 @@ func (t natTable) Sweep(time.Duration) (scanned, deleted int, err error) {
 	}
 	var expired []backendtc.NATKey
 	for _, e := range entries {
-		if e.Expired(t.idle, t.closing) {
+		idle := t.tcpIdle
+		if e.Proto == backendtc.ProtoUDP {
+			idle = t.udpIdle
+		}
+		if e.Expired(idle, t.closing) {
 			expired = append(expired, e.NATKey)
 		}
 	}
@@ -57,8 +65,7 @@ func (m *Manager) RunGC(ctx context.Context, observe func(gc.Pass)) {
 	if m.be != nil {
 		n++
 		go func() {
-			idle, closing := m.cfg.NATIdleTimeout, m.cfg.NATClosingTimeout
-			gc.Run(ctx, natTable{m.be, idle, closing}, m.cfg.GC, lbxdp.MonotonicNow, observe, m.log.Named("gc"))
+			gc.Run(ctx, m.natTable(), m.cfg.GC, lbxdp.MonotonicNow, observe, m.log.Named("gc"))
 			done <- struct{}{}
 		}()
 	}
@@ -75,7 +82,7 @@ func (m *Manager) SweepNow() ([]gc.Pass, error) {
 		tables = append(tables, conntrackTable{m.lb})
 	}
 	if m.be != nil {
-		tables = append(tables, natTable{m.be, m.cfg.NATIdleTimeout, m.cfg.NATClosingTimeout})
+		tables = append(tables, m.natTable())
 	}
 	for _, t := range tables {
 		start := time.Now()

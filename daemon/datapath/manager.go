@@ -52,8 +52,12 @@ type Config struct {
 	ConntrackSize, NATSize, MaxServices, MaxBackends uint32
 	// GC bounds the garbage collector's interval.
 	GC gc.Interval
-	// NATIdleTimeout and NATClosingTimeout expire NAT entries on backend nodes.
-	NATIdleTimeout, NATClosingTimeout time.Duration
+	// TCPIdleTimeout and UDPIdleTimeout expire idle flows: LB conntrack entries after
+	// them, backend NAT entries after NATIdle of them, so that a NAT entry outlives the
+	// LB nodes' entry. Zero keeps the LB datapath's defaults (6 h and 60 s).
+	TCPIdleTimeout, UDPIdleTimeout time.Duration
+	// NATClosingTimeout expires NAT entries of closing TCP flows.
+	NATClosingTimeout time.Duration
 	// SocketLB attaches the socket-level programs (package socklb) to SocketCgroup (empty:
 	// the root of the cgroup v2 hierarchy). They read the LB maps, which are then loaded
 	// and written on any node, with XDP attached only on LB nodes.
@@ -96,6 +100,25 @@ type Manager struct {
 	programmed map[uint32]*programmed
 	// orphans are backends found in adopted maps, until the first Sync.
 	orphans map[uint32]lbxdp.Backend
+}
+
+// NATIdle is how long a backend node keeps an idle flow's NAT entry when LB nodes keep
+// its conntrack entry for lbIdle: a quarter longer, so that an LB node never sends a
+// packet of a flow whose NAT entry is gone, nor a backend a reply it cannot rewrite.
+func NATIdle(lbIdle time.Duration) time.Duration { return lbIdle + lbIdle/4 }
+
+func (c Config) tcpIdle() time.Duration {
+	if c.TCPIdleTimeout > 0 {
+		return c.TCPIdleTimeout
+	}
+	return lbxdp.DefaultConfig().TCPEstablishedTimeout
+}
+
+func (c Config) udpIdle() time.Duration {
+	if c.UDPIdleTimeout > 0 {
+		return c.UDPIdleTimeout
+	}
+	return lbxdp.DefaultConfig().UDPTimeout
 }
 
 func (c Config) linksDir() string   { return filepath.Join(c.BPFFSDir, "links") }
@@ -227,6 +250,7 @@ func (m *Manager) openLB(ifaces []netlink.Link) error {
 	}
 	c.HashSeed, c.VNI = m.cfg.HashSeed, m.cfg.VNI
 	c.Source4, c.Source6 = m.cfg.Underlay4, m.cfg.Underlay6
+	c.TCPEstablishedTimeout, c.UDPTimeout = m.cfg.tcpIdle(), m.cfg.udpIdle()
 	if err := m.lb.SetConfig(c); err != nil {
 		return fmt.Errorf("configure XDP datapath: %w", err)
 	}

@@ -521,7 +521,8 @@ func datapathConfig(cfg config.Config) (datapath.Config, error) {
 		MaxServices:       uint32(cfg.Limits.MaxServices) + 1, // IDs 1..MaxServices
 		MaxBackends:       uint32(cfg.Limits.MaxBackends) + 1,
 		GC:                gc.Interval{Min: time.Duration(d.GCMinInterval), Max: time.Duration(d.GCMaxInterval), Start: time.Duration(d.GCMinInterval) * 10},
-		NATIdleTimeout:    time.Duration(d.NATIdleTimeout),
+		TCPIdleTimeout:    time.Duration(d.TCPIdleTimeout),
+		UDPIdleTimeout:    time.Duration(d.UDPIdleTimeout),
 		NATClosingTimeout: time.Duration(d.NATClosingTimeout),
 		SocketLB:          d.SocketLB.Enabled,
 		SocketCgroup:      d.SocketLB.Cgroup,
