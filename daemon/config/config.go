@@ -280,8 +280,8 @@ func (d Datapath) validate(anyRole, backend bool) []error {
 		errs = append(errs, errors.New("datapath.nat_idle_timeout: no longer set on its own; NAT entries live 1.25 × "+
 			"datapath.tcp_idle_timeout (UDP: udp_idle_timeout), so that they always outlive the LB nodes' flows: remove it"))
 	}
-	if d.TCPIdleTimeout < Duration(10*time.Second) || d.UDPIdleTimeout < Duration(time.Second) {
-		errs = append(errs, fmt.Errorf("datapath: tcp_idle_timeout (%v) must be at least 10s and udp_idle_timeout (%v) at least 1s",
+	if d.TCPIdleTimeout < Duration(time.Second) || d.UDPIdleTimeout < Duration(time.Second) {
+		errs = append(errs, fmt.Errorf("datapath: tcp_idle_timeout (%v) and udp_idle_timeout (%v) must be at least 1s",
 			time.Duration(d.TCPIdleTimeout), time.Duration(d.UDPIdleTimeout)))
 	}
 	if d.NATClosingTimeout <= 0 {

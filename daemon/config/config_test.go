@@ -194,7 +194,7 @@ func TestValidate(t *testing.T) {
 		{"tiny conntrack", func(c *config.Config) { c.Datapath.ConntrackSize = 10 }, []string{"conntrack_size"}},
 		{"gc bounds", func(c *config.Config) { c.Datapath.GCMaxInterval = config.Duration(time.Millisecond) }, []string{"gc_min_interval"}},
 		{"nat idle timeout set", func(c *config.Config) { c.Datapath.NATIdleTimeout = config.Duration(time.Hour) }, []string{"nat_idle_timeout", "tcp_idle_timeout"}},
-		{"tcp idle timeout", func(c *config.Config) { c.Datapath.TCPIdleTimeout = config.Duration(time.Second) }, []string{"tcp_idle_timeout"}},
+		{"tcp idle timeout", func(c *config.Config) { c.Datapath.TCPIdleTimeout = config.Duration(time.Millisecond) }, []string{"tcp_idle_timeout"}},
 		{"socket lb without role", func(c *config.Config) { c.Datapath.SocketLB.Enabled = true }, nil},
 		{"socket lb relative cgroup", func(c *config.Config) {
 			c.Datapath.SocketLB = config.SocketLB{Enabled: true, Cgroup: "lbd", Translations: 4096}
