@@ -233,3 +233,43 @@ func TestConntrackListDelete(t *testing.T) {
 		t.Errorf("%d entries left, want 29", total)
 	}
 }
+
+// TestSweepKeepsRefreshedEntries: an entry that expired when the collector read it, but
+// that a packet wrote again before the collector deleted it, is kept.
+func TestSweepKeepsRefreshedEntries(t *testing.T) {
+	e := newEnv(t)
+	now := MonotonicNow()
+	entry := func(port uint16, expires time.Duration) CTEntry {
+		return CTEntry{Flow: Flow{Src: netip.AddrPortFrom(client4, port), Dst: netip.AddrPortFrom(vip4, 80), Proto: ProtoTCP},
+			BackendID: 1, ServiceID: 1, State: CTEstablished, Created: now - time.Hour, LastSeen: now - time.Hour, ExpiresAt: expires}
+	}
+	stale, fresh := entry(1001, now-time.Minute), entry(1002, now-time.Minute)
+	if _, err := e.d.RestoreConntrack([]CTEntry{stale, fresh}); err != nil {
+		t.Fatal(err)
+	}
+	keys := make([]lbxdpLbCtKey, 0, 2)
+	for _, f := range []Flow{stale.Flow, fresh.Flow} {
+		k, err := f.raw()
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, k)
+	}
+	// A packet of the second flow comes after the read: a new entry, far from expiry.
+	if _, err := e.d.DeleteConntrackWhere(func(c CTEntry) bool { return c.Flow == fresh.Flow }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.d.RestoreConntrack([]CTEntry{entry(1002, now+time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	n, err := e.d.deleteExpired(keys, now)
+	if err != nil || n != 1 {
+		t.Fatalf("deleted %d (%v), want 1", n, err)
+	}
+	if _, ok, _ := e.d.ConntrackLookup(fresh.Flow); !ok {
+		t.Error("the entry written again after the read was deleted")
+	}
+	if _, ok, _ := e.d.ConntrackLookup(stale.Flow); ok {
+		t.Error("the still-expired entry was kept")
+	}
+}

@@ -236,6 +236,14 @@ LBD_INLINE int lb_no_backend(struct xdp_md *ctx, struct lb_pkt *pk, const struct
 	return lb_icmp_reply(ctx, pk, LBD_ICMP6_DEST_UNREACH, LBD_ICMP6_PORT_UNREACH, 0);
 }
 
+/* The smallest MTU a too-big message may announce: IPv6's minimum link MTU (RFC 8200),
+ * and IPv4's minimum datagram every host must accept (RFC 791). Receivers ignore or
+ * raise a smaller one, so announcing it would only make the client retry packets that
+ * still do not fit: a fabric that cannot carry these plus the encapsulation cannot
+ * serve such clients, and their packets are counted as too_big_unsignaled. */
+#define LB_MIN_MTU4 576
+#define LB_MIN_MTU6 1280
+
 /* The packet is too big for the tunnel. The client can use mtu minus the
  * encapsulation overhead (outer Ethernet is not part of the MTU). */
 LBD_INLINE int lb_too_big(struct xdp_md *ctx, struct lb_pkt *pk, __u32 mtu, __u32 hdr)
@@ -244,7 +252,8 @@ LBD_INLINE int lb_too_big(struct xdp_md *ctx, struct lb_pkt *pk, __u32 mtu, __u3
 	void *data_end = (void *)(long)ctx->data_end;
 	__u32 usable = mtu - (hdr - LBD_ETH_HLEN);
 
-	if (mtu <= hdr - LBD_ETH_HLEN)
+	if (mtu <= hdr - LBD_ETH_HLEN ||
+	    usable < (pk->p.family == LBD_FAMILY_V4 ? LB_MIN_MTU4 : LB_MIN_MTU6))
 		return lb_drop(pk, LB_DROP_TOO_BIG_UNSIGNALED);
 	if (pk->p.family == LBD_FAMILY_V4) {
 		struct lbd_iphdr *ip;

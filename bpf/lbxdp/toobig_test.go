@@ -111,3 +111,26 @@ func TestTooBig(t *testing.T) {
 			Payload: pktgen.Bytes(1400)}.Frame(), Verdict: XDPDrop, Check: counted(DropTooBigUnsignaled)},
 	})
 }
+
+// TestTooBigNeverBelowTheMinimum: a route whose MTU leaves less than IPv6's 1280 bytes
+// (or IPv4's 576) once encapsulated is never announced to clients, who would ignore it
+// and keep sending packets that do not fit: those are counted as unsignaled.
+func TestTooBigNeverBelowTheMinimum(t *testing.T) {
+	e := newEnv(t)
+	e.ns.IP(t, "route add 2001:db8:13::/64 via 2001:db8::2 dev "+e.devA+" mtu lock 1350",
+		"route add 198.18.15.0/24 via 198.18.0.2 dev "+e.devA+" mtu lock 600")
+	e.addBackend(t, 1, "2001:db8:20::1", 8080, "2001:db8:13::1") // 1350 - 94 = 1256 for IPv6 clients
+	e.addBackend(t, 2, "198.18.20.2", 8080, "198.18.15.2")       // 600 - 62 = 538 for IPv4 clients
+	e.addBackend(t, 3, "2001:db8:20::3", 8080, "198.18.15.3")    // 600 - 74 = 526 for IPv6 clients
+	e.addService(t, svcSetup{ServiceKey{vip6, 80, ProtoTCP}, Service{ID: 1}, []uint32{1}})
+	e.addService(t, svcSetup{ServiceKey{vip4, 80, ProtoTCP}, Service{ID: 2}, []uint32{2}})
+	e.addService(t, svcSetup{ServiceKey{vip6, 81, ProtoTCP}, Service{ID: 3}, []uint32{3}})
+	e.runCases(t, []pktgen.Case[caseEnv, Verdict]{
+		{Name: "ipv6 client, 1256 bytes left", In: pktgen.Packet{Src: client6, Dst: vip6, SrcPort: 1, DstPort: 80,
+			Payload: pktgen.Bytes(1300)}.Frame(), Verdict: XDPDrop, Check: counted(DropTooBigUnsignaled)},
+		{Name: "ipv4 client, 538 bytes left", In: pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 2, DstPort: 80, DF: true,
+			Payload: pktgen.Bytes(600)}.Frame(), Verdict: XDPDrop, Check: counted(DropTooBigUnsignaled)},
+		{Name: "ipv6 client over ipv4, 526 bytes left", In: pktgen.Packet{Src: client6, Dst: vip6, SrcPort: 3, DstPort: 81,
+			Payload: pktgen.Bytes(600)}.Frame(), Verdict: XDPDrop, Check: counted(DropTooBigUnsignaled)},
+	})
+}
