@@ -6,6 +6,8 @@
  * Ingress (tcx): Geneve from an allowed LB source carrying the DSR option is stripped
  * down to the inner IP packet behind the outer Ethernet header, and the NAT entry
  * (backend addr:port, client addr:port, proto) -> (VIP, port) is created or refreshed.
+ * Geneve that is not lbd's (another VNI, no DSR option) belongs to another tunnel
+ * endpoint on this node and passes unchanged.
  * Egress (tcx): replies hitting a NAT entry leave with source VIP:port; ICMP errors
  * about a NAT'ed flow are rewritten, quoted packet included.
  *
@@ -38,10 +40,46 @@ LBD_INLINE int drop(__u32 reason)
 #include "decap.h"
 #include "snat.h"
 
+/* UDP to the Geneve port that is not lbd's, or cannot be shown to be: another tunnel
+ * endpoint on this node (a Geneve CNI, another lbd deployment on another VNI) owns
+ * it, so it goes to the kernel exactly as it came. */
+LBD_INLINE int pass_foreign(void)
+{
+	count(CNT_PASS_FOREIGN);
+	return LBD_TCX_NEXT;
+}
+
+/* Whether the outer source is an allowed LB node. The address is read again here,
+ * once a packet claims to be lbd's, rather than kept from the outer header: a key
+ * built per family and carried through the option walk would double the states the
+ * verifier explores there. IPv4 is looked up IPv4-mapped (backendtc.h). */
+LBD_INLINE int lb_source_allowed(struct __sk_buff *skb)
+{
+	struct lpm_key lk = { .prefixlen = 128 };
+	__u32 src4 = LBD_ETH_HLEN + offsetof(struct lbd_iphdr, saddr);
+	__u32 src6 = LBD_ETH_HLEN + offsetof(struct lbd_ipv6hdr, saddr);
+
+	if (skb->protocol == bpf_htons(LBD_ETH_P_IP)) {
+		lk.addr[10] = 0xff;
+		lk.addr[11] = 0xff;
+		if (bpf_skb_load_bytes(skb, src4, &lk.addr[12], 4) < 0)
+			return 0;
+	} else if (bpf_skb_load_bytes(skb, src6, lk.addr, 16) < 0) {
+		return 0;
+	}
+	return bpf_map_lookup_elem(&betc_allowed, &lk) != NULL;
+}
+
+/* The checks run from the cheapest: anything but UDP to the Geneve port leaves after
+ * reading two headers. Geneve is then lbd's only when its header is version 0 with
+ * the configured VNI and its options carry lbd's DSR option; anything else, including
+ * what is too broken to read that far, passes (pass_foreign). A packet that is lbd's
+ * is decapsulated or dropped, never passed: its outer source must be an allowed LB
+ * node (it claims to be lbd's, so a stranger's is a spoof), and then every fault
+ * found in it is a drop. */
 SEC("tcx/ingress")
 int lbd_be_ingress(struct __sk_buff *skb)
 {
-	struct lpm_key lk = {};
 	struct inner in = {};
 	struct lbd_genevehdr gh;
 	struct lbd_udphdr udp;
@@ -65,21 +103,15 @@ int lbd_be_ingress(struct __sk_buff *skb)
 			return LBD_TCX_NEXT;
 		if (udp.dest != bpf_htons(LBD_GENEVE_PORT))
 			return LBD_TCX_NEXT;
-		/* A fragmented Geneve packet cannot be decapsulated piecewise; the stack
-		 * reassembles it and, having no Geneve socket, refuses it. */
+		/* A fragmented Geneve packet cannot be judged or decapsulated piecewise; the
+		 * stack reassembles it for whichever tunnel endpoint listens, if any. */
 		if (ip.frag_off & bpf_htons(LBD_IP_MF)) {
 			count(CNT_PASS_FRAGMENT);
 			return LBD_TCX_NEXT;
 		}
-		lk.prefixlen = 96 + 32;
-		lk.addr[10] = 0xff;
-		lk.addr[11] = 0xff;
-		__builtin_memcpy(&lk.addr[12], &ip.saddr, 4);
-		if (!bpf_map_lookup_elem(&betc_allowed, &lk))
-			return drop(CNT_DROP_NOT_ALLOWED);
 		tot = bpf_ntohs(ip.tot_len);
 		if (tot < lbd_ip4_hlen(&ip) + sizeof(udp) || off + tot > skb->len)
-			return drop(CNT_DROP_BAD_LEN);
+			return pass_foreign();
 		udp_len = tot - lbd_ip4_hlen(&ip);
 	} else if (skb->protocol == bpf_htons(LBD_ETH_P_IPV6)) {
 		struct lbd_ipv6hdr ip6;
@@ -94,39 +126,47 @@ int lbd_be_ingress(struct __sk_buff *skb)
 			return LBD_TCX_NEXT;
 		if (udp.dest != bpf_htons(LBD_GENEVE_PORT))
 			return LBD_TCX_NEXT;
-		lk.prefixlen = 128;
-		__builtin_memcpy(lk.addr, ip6.saddr, 16);
-		if (!bpf_map_lookup_elem(&betc_allowed, &lk))
-			return drop(CNT_DROP_NOT_ALLOWED);
 		plen = bpf_ntohs(ip6.payload_len);
 		if (plen < sizeof(udp) || off + sizeof(ip6) + plen > skb->len)
-			return drop(CNT_DROP_BAD_LEN);
+			return pass_foreign();
 		udp_len = plen;
 	} else {
 		return LBD_TCX_NEXT;
 	}
 
+	/* Until lbd's option is found, a header that cannot be read, or read as lbd
+	 * writes it, says nothing about whose packet this is. */
 	if (bpf_ntohs(udp.len) != udp_len)
-		return drop(CNT_DROP_BAD_LEN);
+		return pass_foreign();
 	gen_off = udp_off + sizeof(udp);
 	if (udp_len < sizeof(udp) + sizeof(gh) ||
 	    bpf_skb_load_bytes(skb, gen_off, &gh, sizeof(gh)) < 0)
-		return drop(CNT_DROP_BAD_LEN);
-	/* Version 0, not a control (O) packet, an Ethernet frame inside. */
-	if ((gh.opt_len_ver >> 6) != 0 || (gh.flags & LBD_GENEVE_FLAG_OAM) ||
-	    gh.proto != bpf_htons(LBD_GENEVE_PROTO_ETH))
-		return drop(CNT_DROP_BAD_GENEVE);
+		return pass_foreign();
+	/* Another version lays its options out otherwise; another VNI is another overlay
+	 * (or another lbd deployment). */
+	if ((gh.opt_len_ver >> 6) != 0)
+		return pass_foreign();
 	vni = bpf_ntohl(gh.vni_rsvd) >> 8;
 	cfg = bpf_map_lookup_elem(&betc_config, &zero);
 	if (!cfg || vni != cfg->vni)
-		return drop(CNT_DROP_VNI);
+		return pass_foreign();
 	opt_len = (gh.opt_len_ver & 0x3f) * 4;
-	if (udp_len < sizeof(udp) + sizeof(gh) + opt_len + LBD_ETH_HLEN)
-		return drop(CNT_DROP_BAD_LEN);
-
+	if (udp_len < sizeof(udp) + sizeof(gh) + opt_len)
+		return pass_foreign();
 	ret = parse_dsr_opt(skb, gen_off + sizeof(gh), opt_len, &in.val);
+	if (ret == OPT_FOREIGN)
+		return pass_foreign();
+
+	/* lbd's option at lbd's VNI: ours, or a spoof of ours. */
+	if (!lb_source_allowed(skb))
+		return drop(CNT_DROP_NOT_ALLOWED);
+	/* lbd sends data packets carrying an Ethernet frame, nothing else. */
+	if ((gh.flags & LBD_GENEVE_FLAG_OAM) || gh.proto != bpf_htons(LBD_GENEVE_PROTO_ETH))
+		return drop(CNT_DROP_BAD_GENEVE);
 	if (ret != OPT_OK)
 		return drop(ret);
+	if (udp_len < sizeof(udp) + sizeof(gh) + opt_len + LBD_ETH_HLEN)
+		return drop(CNT_DROP_BAD_LEN);
 
 	in.ip_off = gen_off + sizeof(gh) + opt_len + LBD_ETH_HLEN;
 	if (bpf_skb_load_bytes(skb, in.ip_off - 2, &in.eth_proto, sizeof(in.eth_proto)) < 0)

@@ -5,7 +5,9 @@
 //
 // The ingress program (tcx) accepts Geneve frames carrying lbd's DSR option from
 // allowed LB sources, strips them down to the inner IP packet and records a NAT entry
-// (backend addr:port, client addr:port, protocol) → (VIP, port). The egress program
+// (backend addr:port, client addr:port, protocol) → (VIP, port). Geneve without
+// lbd's option or with another VNI belongs to another tunnel endpoint on the node
+// and passes unchanged. The egress program
 // rewrites the source of replies hitting such an entry to VIP:port, and rewrites ICMP
 // errors about NAT'ed flows so that the client sees them come from the VIP.
 //

@@ -59,25 +59,31 @@ struct config {
 	__u32 pad;
 };
 
-/* Per-CPU counters, indexed by reason. The Go package lists them in this order. */
+/* Per-CPU counters, indexed by reason. The Go package lists them in this order; the
+ * drops come last, from CNT_DROP_NOT_ALLOWED on (its tests rely on it). Ingress
+ * judges a Geneve packet lbd's when its header is version 0 with the configured VNI
+ * and its options hold lbd's DSR option (decap.h); only lbd's packets are dropped. */
 enum counter {
-	CNT_DECAP_OK,
-	CNT_DECAP_NO_NAT,
+	CNT_DECAP_OK,              /* lbd's packet decapsulated */
+	CNT_DECAP_NO_NAT,          /* ... and it had no ports (ICMP, a later fragment) */
 	CNT_NAT_CREATED,
 	CNT_NAT_REFRESHED,
 	CNT_NAT_REPLACED,
 	CNT_NAT_CLOSING,
 	CNT_SNAT_DONE,
 	CNT_ICMP_TRANSLATED,
-	CNT_PASS_FRAGMENT,
-	CNT_DROP_NOT_ALLOWED,
-	CNT_DROP_MISSING_OPT,
-	CNT_DROP_MALFORMED_OPT,
-	CNT_DROP_UNKNOWN_CRITICAL,
-	CNT_DROP_BAD_LEN,
-	CNT_DROP_BAD_GENEVE,
-	CNT_DROP_VNI,
-	CNT_DROP_BAD_INNER,
+	CNT_PASS_FRAGMENT,         /* a first fragment to the Geneve port: passed, unjudged */
+	CNT_PASS_FOREIGN,          /* UDP to the Geneve port that is not lbd's Geneve (no DSR
+				    * option, another VNI, another version) or cannot be read
+				    * far enough to tell: passed to the kernel unchanged */
+	CNT_DROP_NOT_ALLOWED,      /* lbd's option from a source outside the allowed LBs */
+	CNT_DROP_MALFORMED_OPT,    /* lbd's option of a wrong length or padding, repeated, or
+				    * in an option area that cannot be walked to its end */
+	CNT_DROP_UNKNOWN_CRITICAL, /* lbd's option next to a critical option lbd does not know */
+	CNT_DROP_BAD_LEN,          /* lbd's packet too short for its inner frame, or lengths
+				    * of the inner packet inconsistent */
+	CNT_DROP_BAD_GENEVE,       /* lbd's option in a control packet or around no Ethernet frame */
+	CNT_DROP_BAD_INNER,        /* the inner packet is not an IP packet of the VIP's family */
 	CNT_DROP_DECAP_FAILED,
 	CNT_DROP_NAT_FAILED,
 	CNT_DROP_SNAT_FAILED,

@@ -1,19 +1,33 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* Ingress: lbd's Geneve packets from an allowed LB source are checked, stripped to
- * the inner packet, and recorded as NAT entries (included by backendtc.c). */
+ * the inner packet, and recorded as NAT entries; other Geneve is told apart and left
+ * alone (included by backendtc.c). */
 #ifndef BACKENDTC_DECAP_H
 #define BACKENDTC_DECAP_H
 
-/* Result of parse_dsr_opt when the option was found and is well-formed. */
+/* Results of parse_dsr_opt besides a drop reason: the DSR option was found and is
+ * well-formed, or the packet is not lbd's. Neither is a drop counter. */
 #define OPT_OK CNT_MAX
+#define OPT_FOREIGN CNT_PASS_FOREIGN
 
 /* Walks the Geneve options at opts_off (opt_len bytes) and fills val with the DSR
- * option's VIP and port. Returns OPT_OK or the drop reason. */
+ * option's VIP and port.
+ *
+ * The packet is lbd's when the walk meets lbd's option (class and type); without it
+ * the packet belongs to another tunnel on the same port and OPT_FOREIGN says to leave
+ * it alone, whatever else its options hold: critical ones are its receiver's
+ * business, and an option area that cannot be walked to the end (an option overrunning
+ * it, more options than we walk) cannot show that the packet is ours. Once lbd's
+ * option header is seen the packet is ours, so any fault is a drop reason: the option
+ * itself malformed (length, padding, overrunning the area) or repeated, the rest of
+ * the area unwalkable (a critical option could hide there), or a critical option of
+ * another class, which lbd cannot honour. Returns OPT_OK, OPT_FOREIGN or the drop
+ * reason. */
 LBD_INLINE __u32 parse_dsr_opt(struct __sk_buff *skb, __u32 opts_off, __u32 opt_len,
 					   struct nat_val *val)
 {
 	__u32 pos = 0;
-	int found = 0;
+	int found = 0, critical = 0;
 	int i;
 
 	for (i = 0; i < LBD_MAX_GENEVE_OPTS; i++) {
@@ -22,15 +36,13 @@ LBD_INLINE __u32 parse_dsr_opt(struct __sk_buff *skb, __u32 opts_off, __u32 opt_
 
 		if (pos >= opt_len)
 			break;
-		if (pos + sizeof(oh) > opt_len)
-			return CNT_DROP_MALFORMED_OPT;
-		if (bpf_skb_load_bytes(skb, opts_off + pos, &oh, sizeof(oh)) < 0)
-			return CNT_DROP_BAD_LEN;
+		if (pos + sizeof(oh) > opt_len ||
+		    bpf_skb_load_bytes(skb, opts_off + pos, &oh, sizeof(oh)) < 0)
+			goto unwalkable;
 		olen = (oh.len & 0x1f) * 4;
-		if (pos + sizeof(oh) + olen > opt_len)
-			return CNT_DROP_MALFORMED_OPT;
 		if (oh.opt_class == bpf_htons(LBD_OPT_CLASS) && oh.type == LBD_OPT_TYPE) {
-			if (found)
+			/* lbd's option: the packet is ours from here on. */
+			if (found || pos + sizeof(oh) + olen > opt_len)
 				return CNT_DROP_MALFORMED_OPT;
 			if (olen == LBD_OPT_LEN4_V4 * 4) {
 				struct lbd_dsr_opt4 o;
@@ -56,16 +68,24 @@ LBD_INLINE __u32 parse_dsr_opt(struct __sk_buff *skb, __u32 opts_off, __u32 opt_
 				return CNT_DROP_MALFORMED_OPT;
 			}
 			found = 1;
-		} else if (oh.type & LBD_OPT_CRITICAL) {
-			return CNT_DROP_UNKNOWN_CRITICAL;
+		} else if (pos + sizeof(oh) + olen > opt_len) {
+			goto unwalkable;
+		} else {
+			/* Or'ed in rather than branched on: a branch would split the
+			 * verifier's states at every option walked. */
+			critical |= oh.type & LBD_OPT_CRITICAL;
 		}
 		pos += sizeof(oh) + olen;
 	}
 	if (pos < opt_len)
-		return CNT_DROP_MALFORMED_OPT; /* more options than we walk */
+		goto unwalkable; /* more options than we walk */
 	if (!found)
-		return CNT_DROP_MISSING_OPT;
+		return OPT_FOREIGN;
+	if (critical)
+		return CNT_DROP_UNKNOWN_CRITICAL;
 	return OPT_OK;
+unwalkable:
+	return found ? CNT_DROP_MALFORMED_OPT : OPT_FOREIGN;
 }
 
 /* Parsed inner packet: where its IP header starts and the NAT entry it asks for. */

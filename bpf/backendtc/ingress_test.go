@@ -5,7 +5,9 @@ package backendtc
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -18,6 +20,9 @@ var (
 	tcpSyn6 = flow{proto: pktgen.ProtoTCP, client: clientV6, backend: backendV6, flags: pktgen.SYN}
 	udpReq6 = flow{proto: pktgen.ProtoUDP, client: clientV6, backend: backendV6, payload: []byte("query6")}
 )
+
+// ovn is OVN's metadata option: critical, of a class lbd does not know.
+var ovn = pktgen.GeneveOption{Class: 0x0102, Type: 0x80, Data: []byte{0, 0, 0, 5}}
 
 // ingressCase is a frame in, the state it meets, the verdict and what the frame must
 // leave behind: the frame out, the counter it moves, the NAT entries.
@@ -34,6 +39,10 @@ func ingressCases() []ingressCase {
 	badPad.Data[6] = 0xaa
 	tooLong := pktgen.DSROption(vipV4)
 	tooLong.Len = 5 // 20 bytes of data, 8 present
+	overrun := pktgen.GeneveOption{Class: 0x0102, Type: 0x01, Data: []byte{1, 2, 3, 4}, Len: 9}
+	empties := func(n int) []pktgen.GeneveOption {
+		return slices.Repeat([]pktgen.GeneveOption{{Class: 0x0102, Type: 0x02}}, n)
+	}
 	put16 := func(at func(pktgen.Offsets) int, v uint16) func([]byte, pktgen.Offsets) {
 		return func(b []byte, o pktgen.Offsets) { binary.BigEndian.PutUint16(b[at(o):], v) }
 	}
@@ -51,7 +60,7 @@ func ingressCases() []ingressCase {
 	finAck.flags = pktgen.FIN | pktgen.ACK
 	echo := flow{proto: pktgen.ProtoICMPv4, client: clientV4, backend: backendV4}
 	port0 := netip.AddrPortFrom(vipV4.Addr(), 0)
-	return []ingressCase{
+	return append([]ingressCase{
 		{Name: "v4 underlay v4 TCP SYN", In: frame(v4Encap(dsr4), tcpSyn),
 			Verdict: verdictNext, Check: natted(tcpSyn, vipV4, CounterNATCreated, false)},
 		{Name: "v4 underlay v4 UDP", In: frame(v4Encap(dsr4), udpReq),
@@ -75,22 +84,22 @@ func ingressCases() []ingressCase {
 		{Name: "inner ICMP decapsulated without NAT entry", In: frame(v4Encap(dsr4), echo),
 			Verdict: verdictNext, Check: decapped(echo, CounterDecapNoNAT)},
 
-		// Spoofing guard.
-		{Name: "v4 source not allowed", In: frame(pktgen.Geneve{Outer: pktgen.Packet{Src: strangerV4, Dst: nodeV4}, VNI: 2,
-			Options: []pktgen.GeneveOption{dsr4}}, tcpSyn), Verdict: verdictDrop, Check: dropped(CounterDropNotAllowed)},
-		{Name: "v6 source not allowed", In: frame(pktgen.Geneve{Outer: pktgen.Packet{Src: strangerV6, Dst: nodeV6}, VNI: 2,
-			Options: []pktgen.GeneveOption{dsr6}}, tcpSyn6), Verdict: verdictDrop, Check: dropped(CounterDropNotAllowed)},
+		// lbd's option from a stranger: a spoof, whatever else is wrong with it.
+		{Name: "v4 source not allowed", In: frame(encapFrom(strangerV4, 2, dsr4), tcpSyn),
+			Verdict: verdictDrop, Check: dropped(CounterDropNotAllowed)},
+		{Name: "v6 source not allowed", In: frame(encapFrom(strangerV6, 2, dsr6), tcpSyn6),
+			Verdict: verdictDrop, Check: dropped(CounterDropNotAllowed)},
 		{Name: "allowed prefix deleted", In: frame(v4Encap(dsr4), tcpSyn), Setup: allowedDeleted,
 			Verdict: verdictDrop, Check: dropped(CounterDropNotAllowed)},
+		{Name: "malformed DSR option from a stranger", In: frame(encapFrom(strangerV4, 2, badPad), tcpSyn),
+			Verdict: verdictDrop, Check: dropped(CounterDropNotAllowed)},
+		{Name: "DSR option next to a foreign critical one from a stranger", In: frame(encapFrom(strangerV6, 2, ovn, dsr4), tcpSyn),
+			Verdict: verdictDrop, Check: dropped(CounterDropNotAllowed)},
 
-		// Options.
-		{Name: "no options", In: frame(v4Encap(), tcpSyn),
-			Verdict: verdictDrop, Check: dropped(CounterDropMissingOption)},
-		{Name: "only a foreign non-critical option", In: frame(v4Encap(unknownNonCrit), tcpSyn),
-			Verdict: verdictDrop, Check: dropped(CounterDropMissingOption)},
-		{Name: "our class with a non-critical type", In: frame(v4Encap(pktgen.GeneveOption{Class: pktgen.DSRClass, Type: 0x01, Data: dsr4.Data}), tcpSyn),
-			Verdict: verdictDrop, Check: dropped(CounterDropMissingOption)},
-		{Name: "unknown critical option", In: frame(v4Encap(pktgen.GeneveOption{Class: 0x0102, Type: 0x80, Data: []byte{1, 2, 3, 4}}, dsr4), tcpSyn),
+		// lbd's option, broken: ours, so dropped.
+		{Name: "unknown critical option", In: frame(v4Encap(ovn, dsr4), tcpSyn),
+			Verdict: verdictDrop, Check: dropped(CounterDropUnknownCritical)},
+		{Name: "unknown critical option after the DSR option", In: frame(v6Encap(dsr6, ovn), tcpSyn6),
 			Verdict: verdictDrop, Check: dropped(CounterDropUnknownCritical)},
 		{Name: "DSR option of 3 words", In: frame(v4Encap(pktgen.GeneveOption{Class: pktgen.DSRClass, Type: pktgen.DSRType, Data: make([]byte, 12)}), tcpSyn),
 			Verdict: verdictDrop, Check: dropped(CounterDropMalformedOption)},
@@ -98,43 +107,88 @@ func ingressCases() []ingressCase {
 			Verdict: verdictDrop, Check: dropped(CounterDropMalformedOption)},
 		{Name: "DSR option twice", In: frame(v4Encap(dsr4, pktgen.DSROption(vip2V4)), tcpSyn),
 			Verdict: verdictDrop, Check: dropped(CounterDropMalformedOption)},
-		{Name: "option longer than the option area", In: frame(v4Encap(tooLong), tcpSyn),
+		{Name: "DSR option longer than the option area", In: frame(v4Encap(tooLong), tcpSyn),
 			Verdict: verdictDrop, Check: dropped(CounterDropMalformedOption)},
-		{Name: "v4 VIP with an inner IPv6 packet", In: frame(v4Encap(dsr4), tcpSyn6),
-			Verdict: verdictDrop, Check: dropped(CounterDropBadInner)},
-
-		// Geneve header.
-		{Name: "Geneve version 1", In: frame(pktgen.Geneve{Outer: lb4, VNI: 2, Options: []pktgen.GeneveOption{dsr4}, Version: 1}, tcpSyn),
-			Verdict: verdictDrop, Check: dropped(CounterDropBadGeneve)},
+		{Name: "DSR option, then an option longer than the area", In: frame(v4Encap(dsr4, overrun), tcpSyn),
+			Verdict: verdictDrop, Check: dropped(CounterDropMalformedOption)},
+		{Name: "DSR option, then more options than are walked", In: frame(v4Encap(append([]pktgen.GeneveOption{dsr4}, empties(8)...)...), tcpSyn),
+			Verdict: verdictDrop, Check: dropped(CounterDropMalformedOption)},
 		{Name: "Geneve OAM packet", In: frame(pktgen.Geneve{Outer: lb4, VNI: 2, Options: []pktgen.GeneveOption{dsr4}, OAM: true}, tcpSyn),
 			Verdict: verdictDrop, Check: dropped(CounterDropBadGeneve)},
 		{Name: "Geneve protocol not Ethernet", In: frame(pktgen.Geneve{Outer: lb4, VNI: 2, Options: []pktgen.GeneveOption{dsr4}, Protocol: 0x0800}, tcpSyn),
 			Verdict: verdictDrop, Check: dropped(CounterDropBadGeneve)},
-		{Name: "other VNI", In: frame(pktgen.Geneve{Outer: lb4, VNI: 7, Options: []pktgen.GeneveOption{dsr4}}, tcpSyn),
-			Verdict: verdictDrop, Check: dropped(CounterDropVNI)},
-		{Name: "configured VNI accepted", In: frame(pktgen.Geneve{Outer: lb4, VNI: 7, Options: []pktgen.GeneveOption{dsr4}}, tcpSyn), Setup: vni7,
-			Verdict: verdictNext, Check: natted(tcpSyn, vipV4, CounterNATCreated, false)},
-
-		// Lengths.
-		{Name: "outer IPv4 length beyond the frame", In: pktgen.Edit(frame(v4Encap(dsr4), tcpSyn), put16(func(o pktgen.Offsets) int { return o.L3 + 2 }, 1400)),
-			Verdict: verdictDrop, Check: dropped(CounterDropBadLength)},
-		{Name: "UDP length disagrees with IPv4", In: pktgen.Edit(frame(v4Encap(dsr4), tcpSyn), put16(func(o pktgen.Offsets) int { return o.L4 + 4 }, 60)),
-			Verdict: verdictDrop, Check: dropped(CounterDropBadLength)},
-		{Name: "UDP length disagrees with IPv6", In: pktgen.Edit(frame(v6Encap(dsr6), tcpSyn6), put16(func(o pktgen.Offsets) int { return o.L4 + 4 }, 60)),
-			Verdict: verdictDrop, Check: dropped(CounterDropBadLength)},
-		{Name: "option area beyond the datagram", In: frame(pktgen.Geneve{Outer: lb4, VNI: 2, Options: []pktgen.GeneveOption{dsr4}, OptLen: 0x3f}, tcpSyn),
-			Verdict: verdictDrop, Check: dropped(CounterDropBadLength)},
+		{Name: "v4 VIP with an inner IPv6 packet", In: frame(v4Encap(dsr4), tcpSyn6),
+			Verdict: verdictDrop, Check: dropped(CounterDropBadInner)},
+		{Name: "no inner Ethernet header", In: pktgen.Edit(frame(v4Encap(dsr4), tcpSyn), func(b []byte, o pktgen.Offsets) {
+			// End the datagram right behind the options, the lengths made to agree.
+			cut := o.Geneve + 8 + 12
+			binary.BigEndian.PutUint16(b[o.L3+2:], uint16(cut-o.L3))
+			binary.BigEndian.PutUint16(b[o.L4+4:], uint16(cut-o.L4))
+		})[:14+20+8+8+12], Verdict: verdictDrop, Check: dropped(CounterDropBadLength)},
 		{Name: "inner IPv4 length beyond the datagram", In: pktgen.Edit(frame(v4Encap(dsr4), tcpSyn), put16(func(o pktgen.Offsets) int { return o.InnerL3 + 2 }, 1000)),
 			Verdict: verdictDrop, Check: dropped(CounterDropBadLength)},
 		{Name: "inner IPv6 payload length beyond the datagram", In: pktgen.Edit(frame(v6Encap(dsr6), tcpSyn6), put16(func(o pktgen.Offsets) int { return o.InnerL3 + 4 }, 1000)),
 			Verdict: verdictDrop, Check: dropped(CounterDropBadLength)},
 		{Name: "inner TCP header truncated", In: v4Encap(dsr4).Frame(truncateIPv4(tcpSyn.request(), 20+12)),
 			Verdict: verdictDrop, Check: dropped(CounterDropBadLength)},
+		{Name: "configured VNI accepted", In: frame(pktgen.Geneve{Outer: lb4, VNI: 7, Options: []pktgen.GeneveOption{dsr4}}, tcpSyn), Setup: vni7,
+			Verdict: verdictNext, Check: natted(tcpSyn, vipV4, CounterNATCreated, false)},
 
-		// Not ours: untouched.
+		// Not lbd's, or not to be told lbd's before its options: another tunnel
+		// endpoint's, passed on byte for byte.
+		{Name: "default VNI when another is configured", In: frame(v4Encap(dsr4), tcpSyn), Setup: vni7,
+			Verdict: verdictNext, Check: untouched(CounterPassForeign)},
+		{Name: "foreign option overrunning the option area", In: frame(v4Encap(overrun, dsr4), tcpSyn),
+			Verdict: verdictNext, Check: untouched(CounterPassForeign)},
+		{Name: "DSR option behind more options than are walked", In: frame(v4Encap(append(empties(8), dsr4)...), tcpSyn),
+			Verdict: verdictNext, Check: untouched(CounterPassForeign)},
+		{Name: "option area beyond the datagram", In: frame(pktgen.Geneve{Outer: lb4, VNI: 2, Options: []pktgen.GeneveOption{dsr4}, OptLen: 0x3f}, tcpSyn),
+			Verdict: verdictNext, Check: untouched(CounterPassForeign)},
+		{Name: "Geneve header cut short", In: pktgen.Packet{SrcMAC: lbMAC, DstMAC: nodeMAC, Src: lbV4, Dst: nodeV4, Proto: pktgen.ProtoUDP,
+			SrcPort: 49152, DstPort: pktgen.GenevePort, Payload: []byte{0, 0, 0x65, 0x58}}.Frame(),
+			Verdict: verdictNext, Check: untouched(CounterPassForeign)},
+		{Name: "outer IPv4 length beyond the frame", In: pktgen.Edit(frame(v4Encap(dsr4), tcpSyn), put16(func(o pktgen.Offsets) int { return o.L3 + 2 }, 1400)),
+			Verdict: verdictNext, Check: untouched(CounterPassForeign)},
+		{Name: "UDP length disagrees with IPv4", In: pktgen.Edit(frame(v4Encap(dsr4), tcpSyn), put16(func(o pktgen.Offsets) int { return o.L4 + 4 }, 60)),
+			Verdict: verdictNext, Check: untouched(CounterPassForeign)},
+		{Name: "UDP length disagrees with IPv6", In: pktgen.Edit(frame(v6Encap(dsr6), tcpSyn6), put16(func(o pktgen.Offsets) int { return o.L4 + 4 }, 60)),
+			Verdict: verdictNext, Check: untouched(CounterPassForeign)},
 		{Name: "outer first fragment passes", In: pktgen.Edit(frame(v4Encap(dsr4), tcpSyn), put16(func(o pktgen.Offsets) int { return o.L3 + 6 }, 0x2000)),
 			Verdict: verdictNext, Check: untouched(CounterPassFragment)},
+	}, foreignCases()...)
+}
+
+// foreignCases are Geneve of another tunnel on the same port, from an allowed LB
+// source and from anywhere else: another VNI, no option (as Antrea sends), another
+// class only (OVN's critical metadata option), lbd's class with another type, another
+// Geneve version. The backend node passes each on to the kernel byte for byte.
+func foreignCases() []ingressCase {
+	dsr4 := pktgen.DSROption(vipV4)
+	other := pktgen.GeneveOption{Class: 0x0104, Type: 0x01, Data: []byte{1, 2, 3, 4, 5, 6, 7, 8}}
+	kinds := []struct {
+		name string
+		g    pktgen.Geneve
+	}{
+		{"another VNI, DSR option", pktgen.Geneve{VNI: 7, Options: []pktgen.GeneveOption{dsr4}}},
+		{"another VNI, critical option", pktgen.Geneve{VNI: 5001, Options: []pktgen.GeneveOption{ovn}}},
+		{"no option", pktgen.Geneve{VNI: 2}},
+		{"another class, critical", pktgen.Geneve{VNI: 2, Options: []pktgen.GeneveOption{ovn}}},
+		{"another class, not critical", pktgen.Geneve{VNI: 2, Options: []pktgen.GeneveOption{other}}},
+		{"lbd's class, another type", pktgen.Geneve{VNI: 2, Options: []pktgen.GeneveOption{{Class: pktgen.DSRClass, Type: 0x01, Data: dsr4.Data}}}},
+		{"another class, IPv4 payload", pktgen.Geneve{VNI: 2, Options: []pktgen.GeneveOption{ovn}, Protocol: 0x0800}},
+		{"Geneve version 1, DSR option", pktgen.Geneve{VNI: 2, Options: []pktgen.GeneveOption{dsr4}, Version: 1}},
 	}
+	var out []ingressCase
+	for _, src := range []netip.Addr{lbV4, strangerV4, lbV6, strangerV6} {
+		for _, k := range kinds {
+			g := k.g
+			g.Outer = encapFrom(src, 0).Outer
+			g.Outer.SrcPort = 33000 // not the port lbd's LB nodes use, so that it cannot matter
+			out = append(out, ingressCase{Name: fmt.Sprintf("from %v: %s", src, k.name), In: g.Frame(tcpSyn.request()),
+				Verdict: verdictNext, Check: untouched(CounterPassForeign)})
+		}
+	}
+	return out
 }
 
 // truncateIPv4 cuts an IPv4 packet to n bytes and fixes its total length.
@@ -186,12 +240,21 @@ func dropped(counter Counter) func(*testing.T, *Datapath, []byte, []byte) {
 	}
 }
 
-// untouched: the frame goes on as it came, counted once under counter, with no NAT
-// entry.
+// untouched: the frame goes on byte for byte as it came, counted once under counter
+// and under no other, with no NAT entry.
 func untouched(counter Counter) func(*testing.T, *Datapath, []byte, []byte) {
 	return func(t *testing.T, d *Datapath, in, out []byte) {
 		t.Helper()
 		checkCounters(t, d, counter)
+		cs, err := d.Counters()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for c, v := range cs {
+			if c != counter && v != 0 {
+				t.Errorf("counter %v = %d, want 0", c, v)
+			}
+		}
 		pktgen.ExpectFrame(t, out, in)
 		noNAT(t, d)
 	}

@@ -16,7 +16,7 @@ import (
 // Config is the datapath's run-time configuration.
 type Config struct {
 	// VNI is the Geneve VNI accepted on ingress (24 bits); frames with another VNI
-	// are dropped and counted.
+	// are not lbd's and pass to the kernel unchanged (CounterPassForeign).
 	VNI uint32
 }
 
@@ -310,7 +310,12 @@ func (d *Datapath) DeleteNAT(keys []NATKey) (int, error) {
 // Counter is a datapath event counted per CPU.
 type Counter uint32
 
-// Counters, in the order of enum counter in backendtc.h.
+// Counters, in the order of enum counter in backendtc.h, which says what each
+// counts. Ingress decapsulates only lbd's Geneve: a version 0 header with the
+// configured VNI and lbd's DSR option among the options. Other UDP to port 6081 is
+// passed to the kernel unchanged and counted as CounterPassForeign; the drop
+// counters, from CounterDropNotAllowed on, count only packets that are lbd's (or
+// claim to be).
 const (
 	CounterDecapOK Counter = iota
 	CounterDecapNoNAT
@@ -321,13 +326,12 @@ const (
 	CounterSNATDone
 	CounterICMPTranslated
 	CounterPassFragment
+	CounterPassForeign
 	CounterDropNotAllowed
-	CounterDropMissingOption
 	CounterDropMalformedOption
 	CounterDropUnknownCritical
 	CounterDropBadLength
 	CounterDropBadGeneve
-	CounterDropVNI
 	CounterDropBadInner
 	CounterDropDecapFailed
 	CounterDropNATFailed
@@ -345,13 +349,12 @@ var counterNames = [numCounters]string{
 	CounterSNATDone:            "snat_done",
 	CounterICMPTranslated:      "icmp_translated",
 	CounterPassFragment:        "pass_fragment",
+	CounterPassForeign:         "pass_foreign",
 	CounterDropNotAllowed:      "drop_not_allowed",
-	CounterDropMissingOption:   "drop_missing_option",
 	CounterDropMalformedOption: "drop_malformed_option",
 	CounterDropUnknownCritical: "drop_unknown_critical_option",
 	CounterDropBadLength:       "drop_bad_length",
 	CounterDropBadGeneve:       "drop_bad_geneve",
-	CounterDropVNI:             "drop_vni",
 	CounterDropBadInner:        "drop_bad_inner",
 	CounterDropDecapFailed:     "drop_decap_failed",
 	CounterDropNATFailed:       "drop_nat_failed",

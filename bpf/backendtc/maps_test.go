@@ -22,6 +22,14 @@ func TestCounterNames(t *testing.T) {
 		}
 		seen[name] = true
 	}
+	// The Go list is as long as the C enum: CNT_MAX sizes the counters map.
+	spec, err := Spec(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := spec.Maps[backendtcMapBetcCounters].MaxEntries; n != uint32(numCounters) {
+		t.Errorf("the C enum has %d counters, the Go list %d", n, numCounters)
+	}
 }
 
 func TestNATKeyRoundTrip(t *testing.T) {

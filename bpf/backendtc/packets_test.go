@@ -108,3 +108,13 @@ func v4Encap(opts ...pktgen.GeneveOption) pktgen.Geneve {
 func v6Encap(opts ...pktgen.GeneveOption) pktgen.Geneve {
 	return pktgen.Geneve{Outer: pktgen.Packet{SrcMAC: lbMAC, DstMAC: nodeMAC, Src: lbV6, Dst: nodeV6}, VNI: 2, Options: opts}
 }
+
+// encapFrom is Geneve from src (an LB node or not) to this node, with any VNI and
+// options.
+func encapFrom(src netip.Addr, vni uint32, opts ...pktgen.GeneveOption) pktgen.Geneve {
+	dst := nodeV4
+	if src.Is6() {
+		dst = nodeV6
+	}
+	return pktgen.Geneve{Outer: pktgen.Packet{SrcMAC: lbMAC, DstMAC: nodeMAC, Src: src, Dst: dst}, VNI: vni, Options: opts}
+}
