@@ -3,7 +3,9 @@
 package backendtc
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -243,5 +245,143 @@ func testHandshake(t *testing.T, v6, txOff bool, vip netip.AddrPort) {
 	}
 	if cs[CounterDecapOK] < 3 || cs[CounterSNATDone] < 2 {
 		t.Errorf("counters %v: want ≥3 decapsulated and ≥2 SNAT'ed", cs)
+	}
+}
+
+// TestNetnsForeignGeneve puts another tunnel endpoint on the backend node, a UDP
+// socket on port 6081 as a Geneve CNI would have, next to the TC programs. Geneve
+// that is not lbd's (no option, another option class, lbd's option with another VNI),
+// from an allowed LB node and from any other source, reaches that socket over the
+// wire byte for byte; lbd's own Geneve is decapsulated and reaches the backend, and
+// never the socket.
+func TestNetnsForeignGeneve(t *testing.T) {
+	testnet.Require(t, "ip", "ethtool")
+	for _, tc := range []struct {
+		name     string
+		v6       bool
+		stranger netip.Addr
+		vip      netip.AddrPort
+	}{
+		{name: "IPv4", stranger: netip.MustParseAddr("198.18.201.9"), vip: netip.MustParseAddrPort("203.0.113.21:53")},
+		{name: "IPv6", v6: true, stranger: netip.MustParseAddr("2001:db8:c9::9"), vip: netip.MustParseAddrPort("[2001:db8:f::21]:53")},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testForeignGeneve(t, tc.v6, tc.stranger, tc.vip) })
+	}
+}
+
+func testForeignGeneve(t *testing.T, v6 bool, stranger netip.Addr, vip netip.AddrPort) {
+	tp := newTopo(t, v6, true)
+	d := newDatapath(t)
+	bits := 32
+	if v6 {
+		bits = 128
+	}
+	if err := d.AddAllowedSource(netip.PrefixFrom(tp.lbAddr, bits)); err != nil {
+		t.Fatal(err)
+	}
+	var tunnel, backend net.PacketConn
+	err := tp.beNS.DoErr(func() error {
+		for _, attach := range []func(int) (link.Link, error){d.AttachIngress, d.AttachEgress} {
+			l, err := attach(tp.beIdx)
+			if err != nil {
+				return err
+			}
+			t.Cleanup(func() { l.Close() })
+		}
+		var err error
+		if tunnel, err = net.ListenPacket("udp", netip.AddrPortFrom(tp.beAddr, pktgen.GenevePort).String()); err != nil {
+			return err
+		}
+		backend, err = net.ListenPacket("udp", netip.AddrPortFrom(tp.beAddr, 8080).String())
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tunnel.Close(); backend.Close() })
+
+	fd := tp.lbNS.PacketSocket(t, tp.lbIf)
+	client := netip.AddrPortFrom(tp.client, 41001)
+	inner := func(payload string) []byte {
+		return pktgen.Packet{Src: client.Addr(), Dst: tp.beAddr, SrcPort: client.Port(), DstPort: 8080,
+			Proto: pktgen.ProtoUDP, Payload: []byte(payload)}.IP()
+	}
+	encap := func(src netip.Addr, vni uint32, opts ...pktgen.GeneveOption) pktgen.Geneve {
+		return pktgen.Geneve{Outer: pktgen.Packet{SrcMAC: tp.lbMAC, DstMAC: tp.beMAC, Src: src, Dst: tp.beAddr, SrcPort: 33000},
+			VNI: vni, Options: opts}
+	}
+	dsr := pktgen.DSROption(vip)
+
+	// Foreign frames, each carrying an inner packet that would reach the backend if
+	// it were decapsulated.
+	type sent struct {
+		name    string
+		src     netip.Addr
+		payload []byte // the UDP payload: Geneve header, options, inner frame
+	}
+	var foreign []sent
+	for _, src := range []netip.Addr{tp.lbAddr, stranger} {
+		for _, k := range []struct {
+			name string
+			g    pktgen.Geneve
+		}{
+			{"no option", encap(src, 2)},
+			{"another option class", encap(src, 2, ovn)},
+			{"lbd's option, another VNI", encap(src, 7, dsr)},
+		} {
+			frame := k.g.Frame(inner("foreign " + k.name))
+			foreign = append(foreign, sent{name: fmt.Sprintf("from %v: %s", src, k.name), src: src,
+				payload: frame[pktgen.Locate(frame).L4+8:]})
+			if _, err := unix.Write(fd, frame); err != nil {
+				t.Fatalf("inject: %v", err)
+			}
+		}
+	}
+	if _, err := unix.Write(fd, encap(tp.lbAddr, 2, dsr).Frame(inner("lbd"))); err != nil {
+		t.Fatalf("inject: %v", err)
+	}
+
+	buf := make([]byte, 2048)
+	tunnel.SetReadDeadline(time.Now().Add(5 * time.Second))
+	for _, want := range foreign {
+		n, from, err := tunnel.ReadFrom(buf)
+		if err != nil {
+			t.Fatalf("%s: the tunnel endpoint got nothing: %v", want.name, err)
+		}
+		if got := from.(*net.UDPAddr).AddrPort(); got != netip.AddrPortFrom(want.src, 33000) {
+			t.Errorf("%s: from %v, want %v", want.name, got, netip.AddrPortFrom(want.src, 33000))
+		}
+		if !bytes.Equal(buf[:n], want.payload) {
+			t.Errorf("%s: the tunnel endpoint got\n% x\nwant\n% x", want.name, buf[:n], want.payload)
+		}
+	}
+	backend.SetReadDeadline(time.Now().Add(5 * time.Second))
+	n, from, err := backend.ReadFrom(buf)
+	if err != nil {
+		t.Fatalf("lbd's packet did not reach the backend: %v", err)
+	}
+	if got := from.(*net.UDPAddr).AddrPort(); string(buf[:n]) != "lbd" || got.Addr().Unmap() != client.Addr() || got.Port() != client.Port() {
+		t.Errorf("backend got %q from %v, want %q from %v", buf[:n], got, "lbd", client)
+	}
+	// Nothing more on either socket: lbd's packet did not go to the tunnel, and no
+	// foreign one was decapsulated.
+	for name, c := range map[string]net.PacketConn{"tunnel endpoint": tunnel, "backend": backend} {
+		c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		if n, from, err := c.ReadFrom(buf); err == nil {
+			t.Errorf("%s got another datagram from %v: % x", name, from, buf[:n])
+		}
+	}
+
+	cs, err := d.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cs[CounterPassForeign] != uint64(len(foreign)) || cs[CounterDecapOK] != 1 || cs[CounterNATCreated] != 1 {
+		t.Errorf("counters %v: want %d passed as foreign, 1 decapsulated with a NAT entry", cs, len(foreign))
+	}
+	for _, c := range AllCounters() {
+		if c >= CounterDropNotAllowed && cs[c] != 0 {
+			t.Errorf("counter %v = %d, want 0", c, cs[c])
+		}
 	}
 }
