@@ -161,3 +161,18 @@ func (d *Datapath) Backends() (map[uint32]Backend, error) {
 	}
 	return out, nil
 }
+
+// TableMapMemlock is the kernel memory (memlock) of a service's current table map.
+func (d *Datapath) TableMapMemlock(serviceID uint32) (uint64, error) {
+	inner, err := d.tableMap(serviceID)
+	if err != nil || inner == nil {
+		return 0, err
+	}
+	defer inner.Close()
+	info, err := inner.Info()
+	if err != nil {
+		return 0, fmt.Errorf("read table info: %w", err)
+	}
+	n, _ := info.Memlock()
+	return n, nil
+}

@@ -12,6 +12,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/lbd-dev/lbd/daemon/advertise"
@@ -75,6 +77,62 @@ type Datapath struct {
 	// VerifyInterval is how often lbd reads its maps and attachments back, compares
 	// them with the desired state and repairs what differs (also `lbctl node verify`).
 	VerifyInterval Duration `json:"verify_interval"`
+	// MemoryBudget bounds the kernel memory of the datapath's maps: those the
+	// configuration sizes (conntrack, NAT, ...) plus every service's Maglev table
+	// (about 8 × 2 × table size bytes each). A change whose tables would not fit is
+	// refused with RESOURCE_EXHAUSTED before any map is created. "auto": a quarter of
+	// the machine's memory.
+	MemoryBudget ByteSize `json:"memory_budget"`
+}
+
+// ByteSize is a byte count written with a binary unit ("512MiB", "8GiB"), a plain
+// number of bytes, or "auto" (0) for a default chosen at run time.
+type ByteSize uint64
+
+var byteUnits = []struct {
+	suffix string
+	n      uint64
+}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"B", 1}}
+
+// UnmarshalJSON parses a size string or a number.
+func (b *ByteSize) UnmarshalJSON(data []byte) error {
+	var n uint64
+	if err := json.Unmarshal(data, &n); err == nil {
+		*b = ByteSize(n)
+		return nil
+	}
+	var s string
+	if err := json.Unmarshal(data, &s); err != nil {
+		return fmt.Errorf("size must be like \"512MiB\", \"8GiB\" or \"auto\": %w", err)
+	}
+	if s == "" || s == "auto" {
+		*b = 0
+		return nil
+	}
+	for _, u := range byteUnits {
+		if num, ok := strings.CutSuffix(s, u.suffix); ok {
+			v, err := strconv.ParseUint(strings.TrimSpace(num), 10, 64)
+			if err != nil || v > ^uint64(0)/u.n {
+				return fmt.Errorf("size %q: want a whole number of %s", s, u.suffix)
+			}
+			*b = ByteSize(v * u.n)
+			return nil
+		}
+	}
+	return fmt.Errorf("size %q: want a number with B, KiB, MiB, GiB or TiB, or \"auto\"", s)
+}
+
+// MarshalJSON writes the size in its largest exact unit, or "auto".
+func (b ByteSize) MarshalJSON() ([]byte, error) {
+	if b == 0 {
+		return json.Marshal("auto")
+	}
+	for _, u := range byteUnits {
+		if uint64(b)%u.n == 0 {
+			return json.Marshal(fmt.Sprintf("%d%s", uint64(b)/u.n, u.suffix))
+		}
+	}
+	return json.Marshal(uint64(b))
 }
 
 // SocketLB configures socket-level load balancing (cgroup v2 connect, sendmsg, recvmsg

@@ -258,3 +258,21 @@ func TestBGPNeedsLBRole(t *testing.T) {
 		t.Errorf("BGP on a node without the LB role: %v", err)
 	}
 }
+
+func TestByteSize(t *testing.T) {
+	for in, want := range map[string]uint64{`"auto"`: 0, `""`: 0, `"512MiB"`: 512 << 20, `"8GiB"`: 8 << 30, `"3B"`: 3, `4096`: 4096} {
+		var b config.ByteSize
+		if err := b.UnmarshalJSON([]byte(in)); err != nil || uint64(b) != want {
+			t.Errorf("%s: %d %v, want %d", in, b, err, want)
+		}
+	}
+	for _, in := range []string{`"1.5GiB"`, `"12XB"`, `"GiB"`, `"-1MiB"`, `"99999999999TiB"`} {
+		var b config.ByteSize
+		if err := b.UnmarshalJSON([]byte(in)); err == nil {
+			t.Errorf("%s: accepted as %d", in, b)
+		}
+	}
+	if out, _ := config.ByteSize(8 << 30).MarshalJSON(); string(out) != `"8GiB"` {
+		t.Errorf("8 GiB written as %s", out)
+	}
+}

@@ -265,3 +265,34 @@ func TestAffinityFollowsTheTable(t *testing.T) {
 		t.Errorf("after deleting the service, affinity entries point at backends %v", got)
 	}
 }
+
+// TestMemoryFigures: TableBytes is what the kernel charges for a table map, within its
+// header's rounding, and MapBytes counts the maps the configuration sizes (the
+// conntrack table alone is most of it) but not the tables.
+func TestMemoryFigures(t *testing.T) {
+	n := newNode(t)
+	m := n.open(t, n.config(1<<16))
+	before, err := m.MapBytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ct := uint64(1<<16) * 144; before < ct {
+		t.Errorf("MapBytes %d, less than the conntrack table alone (%d)", before, ct)
+	}
+	svc := service(1, "web", "203.0.113.10", 80, 65537, backend(1, "198.18.10.1", 8080, active))
+	if _, err := m.Sync(context.Background(), []*lbdv1.Service{svc}); err != nil {
+		t.Fatal(err)
+	}
+	after, err := m.MapBytes()
+	if err != nil || after != before {
+		t.Errorf("MapBytes %d after a table was added, want %d unchanged (%v)", after, before, err)
+	}
+	tm, err := m.lb.TableMapMemlock(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := TableBytes(65537); tm > want || want-tm > tableHeaderBytes {
+		t.Errorf("the kernel charges %d for a 65537-slot table, TableBytes says %d", tm, want)
+	}
+	t.Logf("maps sized by the configuration: %d bytes; one 65537-slot table: %d bytes", before, tm)
+}

@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -236,6 +237,9 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 	case !slices.Contains(cfg.Roles, config.RoleLB):
 		reason = "programmed on LB nodes; this node is a backend node"
 	}
+	// The budget of the services' tables is known once the datapath measured its other
+	// maps; until then (and on a node without a datapath) nothing is budgeted.
+	var memory atomic.Pointer[store.MemoryBudget]
 	st, err := store.Open(store.Options{
 		Path:         path,
 		Limits:       cfg.Limits,
@@ -243,6 +247,12 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 		StatusReason: reason,
 		// A reconciler runs wherever a datapath does: IDs wait for it before reuse.
 		HoldIDs: len(cfg.Roles) > 0 || socketLB,
+		Memory: func() store.MemoryBudget {
+			if b := memory.Load(); b != nil {
+				return *b
+			}
+			return store.MemoryBudget{}
+		},
 	})
 	if errors.Is(err, store.ErrCorruptState) {
 		return fmt.Errorf("%w. %s", err, store.RecoveryHint)
@@ -278,6 +288,15 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 		// Closing keeps the pinned programs forwarding: a restart drops nothing.
 		defer mgr.Close()
 		apiDP = mgr
+		b, err := memoryBudget(cfg, mgr)
+		if err != nil {
+			return err
+		}
+		// Only the LB maps hold tables: a backend node's services cost it nothing.
+		if dcfg.LB || dcfg.SocketLB {
+			memory.Store(&b)
+		}
+		log.Info("memory budget", "op", "start", "total", b.Total, "maps", b.Total-b.Tables, "tables", b.Tables)
 	}
 	if mgr == nil {
 		// Hooks a previous configuration attached must not keep translating.
@@ -570,4 +589,25 @@ func serveHealth(ctx context.Context, hs *health.Server, srv *grpc.Server, ready
 		case <-t.C:
 		}
 	}
+}
+
+// memoryBudget is what the services' Maglev tables may take: datapath.memory_budget
+// (or a quarter of the machine's memory) less what the datapath's other maps take.
+func memoryBudget(cfg config.Config, mgr *datapath.Manager) (store.MemoryBudget, error) {
+	total := uint64(cfg.Datapath.MemoryBudget)
+	if total == 0 {
+		var err error
+		if total, err = datapath.DefaultMemoryBudget(); err != nil {
+			return store.MemoryBudget{}, err
+		}
+	}
+	maps, err := mgr.MapBytes()
+	if err != nil {
+		return store.MemoryBudget{}, fmt.Errorf("measure the datapath's maps: %w", err)
+	}
+	if maps > total {
+		return store.MemoryBudget{}, fmt.Errorf("datapath.memory_budget: the maps the configuration sizes take %d bytes, more than the budget of %d: "+
+			"raise the budget or lower conntrack_size, nat_size, limits.max_services or limits.max_backends", maps, total)
+	}
+	return store.MemoryBudget{Tables: total - maps, Total: total, Setting: "datapath.memory_budget", TableBytes: datapath.TableBytes}, nil
 }

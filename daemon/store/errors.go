@@ -44,6 +44,10 @@ func failedPrecondition(field, format string, args ...any) *Error {
 	return &Error{Code: codes.FailedPrecondition, Field: field, Msg: fmt.Sprintf(format, args...)}
 }
 
+func resourceExhausted(format string, args ...any) *Error {
+	return &Error{Code: codes.ResourceExhausted, Msg: fmt.Sprintf(format, args...)}
+}
+
 // Code returns the gRPC code of err: the store's own code, codes.Internal for anything
 // else (a failed write of the state file, for instance).
 func Code(err error) codes.Code {

@@ -71,6 +71,21 @@ type Options struct {
 	// and pending datapath operations refer to IDs, and a new owner must never meet
 	// them. Set it when a reconciler runs; without one, IDs are free at once.
 	HoldIDs bool
+	// Memory, when set, bounds the kernel memory the services' Maglev tables would take
+	// in the datapath: a change beyond it is refused with RESOURCE_EXHAUSTED, before any
+	// map is created. It is asked at every change (the datapath measures its other maps
+	// once they are loaded).
+	Memory func() MemoryBudget
+}
+
+// MemoryBudget is what the services' Maglev tables may take of the node's BPF memory.
+type MemoryBudget struct {
+	// Tables is the memory left for them; Total the node's budget and Setting its name,
+	// for the error.
+	Tables, Total uint64
+	Setting       string
+	// TableBytes is the kernel memory of one table of a size.
+	TableBytes func(size uint32) uint64
 }
 
 // Store is the desired-state store. It is safe for concurrent use.

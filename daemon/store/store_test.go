@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	statev1 "github.com/lbd-dev/lbd/proto/lbd/state/v1"
@@ -217,5 +218,49 @@ func TestIDAllocHolds(t *testing.T) {
 	tx = a.begin()
 	if got := []uint32{tx.get(), tx.get(), tx.get()}; fmt.Sprint(got) != "[1 2 3]" {
 		t.Fatalf("after the release is reconciled: %v, want [1 2 3]", got)
+	}
+}
+
+// TestMemoryBudget: a change whose services' tables would not fit the budget is refused
+// with RESOURCE_EXHAUSTED and changes nothing; the budget itself can be used up.
+func TestMemoryBudget(t *testing.T) {
+	perTable := func(m uint32) uint64 { return 8 * (2*uint64(m) + 1) }
+	s, err := Open(Options{Limits: DefaultLimits(), Memory: func() MemoryBudget {
+		return MemoryBudget{Tables: 3 * perTable(65537), Total: 1 << 30, Setting: "datapath.memory_budget", TableBytes: perTable}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := func(name, vip string) *lbdv1.Service {
+		sv := testService(name, vip, "198.18.0.2")
+		sv.MaglevTableSize = 65537
+		return sv
+	}
+	for i, vip := range []string{"203.0.113.1", "203.0.113.2", "203.0.113.3"} {
+		if _, err := s.CreateService(svc(fmt.Sprint("s", i), vip)); err != nil {
+			t.Fatalf("service %d of 3, at the budget: %v", i, err)
+		}
+	}
+	_, err = s.CreateService(svc("s4", "203.0.113.4"))
+	if Code(err).String() != "ResourceExhausted" || !strings.Contains(err.Error(), "4 services would take 4.0 MiB") ||
+		!strings.Contains(err.Error(), "datapath.memory_budget") {
+		t.Fatalf("a fourth table: %v, want RESOURCE_EXHAUSTED with the numbers", err)
+	}
+	if _, err := s.ApplyServices("o", []*lbdv1.Service{svc("a", "203.0.113.5")}); Code(err).String() != "ResourceExhausted" {
+		t.Fatalf("apply: %v", err)
+	}
+	if n, _ := s.Counts(); n != 3 {
+		t.Errorf("%d services after the refused calls, want 3", n)
+	}
+	small := svc("s4", "203.0.113.4")
+	small.MaglevTableSize = 0 // a smaller default table does not fit either: 3 big ones fill the budget
+	if _, err := s.CreateService(small); Code(err).String() != "ResourceExhausted" {
+		t.Errorf("a default-size table over a full budget: %v", err)
+	}
+	if err := s.DeleteService("s0"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CreateService(svc("s4", "203.0.113.4")); err != nil {
+		t.Errorf("after a delete the budget has room again: %v", err)
 	}
 }

@@ -51,6 +51,42 @@ func (t *txn) checkBackendTotal() error {
 	return nil
 }
 
+// checkMemory enforces Options.Memory over all services of the transaction. Every
+// service counts with its table, even one without a usable backend yet: it gets one as
+// soon as a backend becomes usable, with no API call to refuse.
+func (t *txn) checkMemory() error {
+	if t.s.opts.Memory == nil {
+		return nil
+	}
+	b := t.s.opts.Memory()
+	if b.TableBytes == nil {
+		return nil
+	}
+	var need uint64
+	for _, svc := range t.services {
+		need += b.TableBytes(svc.MaglevTableSize)
+	}
+	if need > b.Tables {
+		return resourceExhausted("the Maglev tables of %d services would take %s of kernel memory, more than the %s that %s (%s) leaves for them once the other maps are counted",
+			len(t.services), humanBytes(need), humanBytes(b.Tables), b.Setting, humanBytes(b.Total))
+	}
+	return nil
+}
+
+// humanBytes writes a byte count in binary units.
+func humanBytes(n uint64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := uint64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
 // abort ends a transaction without effect.
 func (t *txn) abort() { t.s.writeMu.Unlock() }
 
@@ -60,6 +96,9 @@ func (t *txn) commit() error {
 	s := t.s
 	defer s.writeMu.Unlock()
 	if err := t.checkBackendTotal(); err != nil {
+		return err
+	}
+	if err := t.checkMemory(); err != nil {
 		return err
 	}
 	if s.opts.Path != "" {
