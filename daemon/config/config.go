@@ -52,7 +52,8 @@ type Datapath struct {
 	// source, or the address of the interface the packet leaves by).
 	UnderlayV4 string `json:"underlay_v4"`
 	UnderlayV6 string `json:"underlay_v6"`
-	// LBSources are the prefixes a backend node accepts Geneve from (its LB nodes).
+	// LBSources are the prefixes a backend node accepts lbd's Geneve from (its LB nodes);
+	// Geneve without lbd's option passes to the kernel untouched.
 	LBSources []string `json:"lb_sources"`
 	// ConntrackSize is the LB conntrack table's size in flows; NATSize the backend's.
 	ConntrackSize uint32 `json:"conntrack_size"`
@@ -323,7 +324,7 @@ func (d Datapath) validate(anyRole, backend bool) []error {
 		}
 	}
 	if backend && len(d.LBSources) == 0 {
-		errs = append(errs, errors.New("datapath.lb_sources: a backend node must list the prefixes of its LB nodes (Geneve from anywhere else is dropped)"))
+		errs = append(errs, errors.New("datapath.lb_sources: a backend node must list the prefixes of its LB nodes (lbd's Geneve from anywhere else is dropped)"))
 	}
 	if d.ConntrackSize < 1024 || d.NATSize < 1024 {
 		errs = append(errs, fmt.Errorf("datapath: conntrack_size (%d) and nat_size (%d) must be at least 1024", d.ConntrackSize, d.NATSize))
