@@ -1677,9 +1677,16 @@ type GetStatsResponse struct {
 	Reasons []*Counter `protobuf:"bytes,2,rep,name=reasons,proto3" json:"reasons,omitempty"`
 	// Socket calls handled by socket-level load balancing (datapath.socket_lb), by event:
 	// connect, sendmsg, reverse, no_backend, revnat_full. Empty where it is off.
-	SocketEvents  []*EventCounter `protobuf:"bytes,3,rep,name=socket_events,json=socketEvents,proto3" json:"socket_events,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	SocketEvents []*EventCounter `protobuf:"bytes,3,rep,name=socket_events,json=socketEvents,proto3" json:"socket_events,omitempty"`
+	// LB nodes' conntrack, by event: inserted (a new flow's entry written), tentative
+	// (inserted for a flow first seen mid-connection, on probation until a later packet
+	// confirms it), confirmed, guard_skipped (a new flow balanced but not recorded: the
+	// flood guard was engaged), guard_engaged (times a CPU's new-flow rate crossed the
+	// guard's limit), insert_failed (the table was full), reclaimed (entries the
+	// collector removed early to keep room: tentative first, then the longest idle).
+	ConntrackEvents []*EventCounter `protobuf:"bytes,4,rep,name=conntrack_events,json=conntrackEvents,proto3" json:"conntrack_events,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *GetStatsResponse) Reset() {
@@ -1729,6 +1736,13 @@ func (x *GetStatsResponse) GetReasons() []*Counter {
 func (x *GetStatsResponse) GetSocketEvents() []*EventCounter {
 	if x != nil {
 		return x.SocketEvents
+	}
+	return nil
+}
+
+func (x *GetStatsResponse) GetConntrackEvents() []*EventCounter {
+	if x != nil {
+		return x.ConntrackEvents
 	}
 	return nil
 }
@@ -2739,11 +2753,12 @@ const file_lbd_v1_api_proto_rawDesc = "" +
 	"\x1eListSocketTranslationsResponse\x12=\n" +
 	"\ftranslations\x18\x01 \x03(\v2\x19.lbd.v1.SocketTranslationR\ftranslations\x12\x1c\n" +
 	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"\x11\n" +
-	"\x0fGetStatsRequest\"\xaa\x01\n" +
+	"\x0fGetStatsRequest\"\xeb\x01\n" +
 	"\x10GetStatsResponse\x120\n" +
 	"\bservices\x18\x01 \x03(\v2\x14.lbd.v1.ServiceStatsR\bservices\x12)\n" +
 	"\areasons\x18\x02 \x03(\v2\x0f.lbd.v1.CounterR\areasons\x129\n" +
-	"\rsocket_events\x18\x03 \x03(\v2\x14.lbd.v1.EventCounterR\fsocketEvents\";\n" +
+	"\rsocket_events\x18\x03 \x03(\v2\x14.lbd.v1.EventCounterR\fsocketEvents\x12?\n" +
+	"\x10conntrack_events\x18\x04 \x03(\v2\x14.lbd.v1.EventCounterR\x0fconntrackEvents\";\n" +
 	"\x14CreateBgpPeerRequest\x12#\n" +
 	"\x04peer\x18\x01 \x01(\v2\x0f.lbd.v1.BgpPeerR\x04peer\"<\n" +
 	"\x15CreateBgpPeerResponse\x12#\n" +
@@ -2934,78 +2949,79 @@ var file_lbd_v1_api_proto_depIdxs = []int32{
 	62, // 21: lbd.v1.GetStatsResponse.services:type_name -> lbd.v1.ServiceStats
 	63, // 22: lbd.v1.GetStatsResponse.reasons:type_name -> lbd.v1.Counter
 	64, // 23: lbd.v1.GetStatsResponse.socket_events:type_name -> lbd.v1.EventCounter
-	65, // 24: lbd.v1.CreateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
-	65, // 25: lbd.v1.CreateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
-	65, // 26: lbd.v1.GetBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
-	65, // 27: lbd.v1.ListBgpPeersResponse.peers:type_name -> lbd.v1.BgpPeer
-	65, // 28: lbd.v1.UpdateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
-	65, // 29: lbd.v1.UpdateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
-	66, // 30: lbd.v1.ListBgpRoutesResponse.routes:type_name -> lbd.v1.BgpRoute
-	67, // 31: lbd.v1.GetNodeResponse.node:type_name -> lbd.v1.Node
-	67, // 32: lbd.v1.DrainNodeResponse.node:type_name -> lbd.v1.Node
-	67, // 33: lbd.v1.UndrainNodeResponse.node:type_name -> lbd.v1.Node
-	67, // 34: lbd.v1.DetachNodeResponse.node:type_name -> lbd.v1.Node
-	68, // 35: lbd.v1.VerifyNodeResponse.repaired:type_name -> lbd.v1.Drift
-	67, // 36: lbd.v1.VerifyNodeResponse.node:type_name -> lbd.v1.Node
-	1,  // 37: lbd.v1.LoadBalancerService.CreateService:input_type -> lbd.v1.CreateServiceRequest
-	3,  // 38: lbd.v1.LoadBalancerService.GetService:input_type -> lbd.v1.GetServiceRequest
-	5,  // 39: lbd.v1.LoadBalancerService.ListServices:input_type -> lbd.v1.ListServicesRequest
-	7,  // 40: lbd.v1.LoadBalancerService.UpdateService:input_type -> lbd.v1.UpdateServiceRequest
-	9,  // 41: lbd.v1.LoadBalancerService.DeleteService:input_type -> lbd.v1.DeleteServiceRequest
-	11, // 42: lbd.v1.LoadBalancerService.ApplyServices:input_type -> lbd.v1.ApplyServicesRequest
-	13, // 43: lbd.v1.LoadBalancerService.WatchServices:input_type -> lbd.v1.WatchServicesRequest
-	15, // 44: lbd.v1.LoadBalancerService.CreateBackend:input_type -> lbd.v1.CreateBackendRequest
-	17, // 45: lbd.v1.LoadBalancerService.GetBackend:input_type -> lbd.v1.GetBackendRequest
-	19, // 46: lbd.v1.LoadBalancerService.ListBackends:input_type -> lbd.v1.ListBackendsRequest
-	21, // 47: lbd.v1.LoadBalancerService.UpdateBackend:input_type -> lbd.v1.UpdateBackendRequest
-	23, // 48: lbd.v1.LoadBalancerService.DeleteBackend:input_type -> lbd.v1.DeleteBackendRequest
-	25, // 49: lbd.v1.LoadBalancerService.TraceFlow:input_type -> lbd.v1.TraceFlowRequest
-	27, // 50: lbd.v1.LoadBalancerService.ListConnections:input_type -> lbd.v1.ListConnectionsRequest
-	31, // 51: lbd.v1.LoadBalancerService.GetStats:input_type -> lbd.v1.GetStatsRequest
-	29, // 52: lbd.v1.LoadBalancerService.ListSocketTranslations:input_type -> lbd.v1.ListSocketTranslationsRequest
-	33, // 53: lbd.v1.BgpService.CreateBgpPeer:input_type -> lbd.v1.CreateBgpPeerRequest
-	35, // 54: lbd.v1.BgpService.GetBgpPeer:input_type -> lbd.v1.GetBgpPeerRequest
-	37, // 55: lbd.v1.BgpService.ListBgpPeers:input_type -> lbd.v1.ListBgpPeersRequest
-	39, // 56: lbd.v1.BgpService.UpdateBgpPeer:input_type -> lbd.v1.UpdateBgpPeerRequest
-	41, // 57: lbd.v1.BgpService.DeleteBgpPeer:input_type -> lbd.v1.DeleteBgpPeerRequest
-	43, // 58: lbd.v1.BgpService.ListBgpRoutes:input_type -> lbd.v1.ListBgpRoutesRequest
-	45, // 59: lbd.v1.NodeService.GetNode:input_type -> lbd.v1.GetNodeRequest
-	47, // 60: lbd.v1.NodeService.DrainNode:input_type -> lbd.v1.DrainNodeRequest
-	49, // 61: lbd.v1.NodeService.UndrainNode:input_type -> lbd.v1.UndrainNodeRequest
-	51, // 62: lbd.v1.NodeService.DetachNode:input_type -> lbd.v1.DetachNodeRequest
-	53, // 63: lbd.v1.NodeService.VerifyNode:input_type -> lbd.v1.VerifyNodeRequest
-	2,  // 64: lbd.v1.LoadBalancerService.CreateService:output_type -> lbd.v1.CreateServiceResponse
-	4,  // 65: lbd.v1.LoadBalancerService.GetService:output_type -> lbd.v1.GetServiceResponse
-	6,  // 66: lbd.v1.LoadBalancerService.ListServices:output_type -> lbd.v1.ListServicesResponse
-	8,  // 67: lbd.v1.LoadBalancerService.UpdateService:output_type -> lbd.v1.UpdateServiceResponse
-	10, // 68: lbd.v1.LoadBalancerService.DeleteService:output_type -> lbd.v1.DeleteServiceResponse
-	12, // 69: lbd.v1.LoadBalancerService.ApplyServices:output_type -> lbd.v1.ApplyServicesResponse
-	14, // 70: lbd.v1.LoadBalancerService.WatchServices:output_type -> lbd.v1.WatchServicesResponse
-	16, // 71: lbd.v1.LoadBalancerService.CreateBackend:output_type -> lbd.v1.CreateBackendResponse
-	18, // 72: lbd.v1.LoadBalancerService.GetBackend:output_type -> lbd.v1.GetBackendResponse
-	20, // 73: lbd.v1.LoadBalancerService.ListBackends:output_type -> lbd.v1.ListBackendsResponse
-	22, // 74: lbd.v1.LoadBalancerService.UpdateBackend:output_type -> lbd.v1.UpdateBackendResponse
-	24, // 75: lbd.v1.LoadBalancerService.DeleteBackend:output_type -> lbd.v1.DeleteBackendResponse
-	26, // 76: lbd.v1.LoadBalancerService.TraceFlow:output_type -> lbd.v1.TraceFlowResponse
-	28, // 77: lbd.v1.LoadBalancerService.ListConnections:output_type -> lbd.v1.ListConnectionsResponse
-	32, // 78: lbd.v1.LoadBalancerService.GetStats:output_type -> lbd.v1.GetStatsResponse
-	30, // 79: lbd.v1.LoadBalancerService.ListSocketTranslations:output_type -> lbd.v1.ListSocketTranslationsResponse
-	34, // 80: lbd.v1.BgpService.CreateBgpPeer:output_type -> lbd.v1.CreateBgpPeerResponse
-	36, // 81: lbd.v1.BgpService.GetBgpPeer:output_type -> lbd.v1.GetBgpPeerResponse
-	38, // 82: lbd.v1.BgpService.ListBgpPeers:output_type -> lbd.v1.ListBgpPeersResponse
-	40, // 83: lbd.v1.BgpService.UpdateBgpPeer:output_type -> lbd.v1.UpdateBgpPeerResponse
-	42, // 84: lbd.v1.BgpService.DeleteBgpPeer:output_type -> lbd.v1.DeleteBgpPeerResponse
-	44, // 85: lbd.v1.BgpService.ListBgpRoutes:output_type -> lbd.v1.ListBgpRoutesResponse
-	46, // 86: lbd.v1.NodeService.GetNode:output_type -> lbd.v1.GetNodeResponse
-	48, // 87: lbd.v1.NodeService.DrainNode:output_type -> lbd.v1.DrainNodeResponse
-	50, // 88: lbd.v1.NodeService.UndrainNode:output_type -> lbd.v1.UndrainNodeResponse
-	52, // 89: lbd.v1.NodeService.DetachNode:output_type -> lbd.v1.DetachNodeResponse
-	54, // 90: lbd.v1.NodeService.VerifyNode:output_type -> lbd.v1.VerifyNodeResponse
-	64, // [64:91] is the sub-list for method output_type
-	37, // [37:64] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	64, // 24: lbd.v1.GetStatsResponse.conntrack_events:type_name -> lbd.v1.EventCounter
+	65, // 25: lbd.v1.CreateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
+	65, // 26: lbd.v1.CreateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
+	65, // 27: lbd.v1.GetBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
+	65, // 28: lbd.v1.ListBgpPeersResponse.peers:type_name -> lbd.v1.BgpPeer
+	65, // 29: lbd.v1.UpdateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
+	65, // 30: lbd.v1.UpdateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
+	66, // 31: lbd.v1.ListBgpRoutesResponse.routes:type_name -> lbd.v1.BgpRoute
+	67, // 32: lbd.v1.GetNodeResponse.node:type_name -> lbd.v1.Node
+	67, // 33: lbd.v1.DrainNodeResponse.node:type_name -> lbd.v1.Node
+	67, // 34: lbd.v1.UndrainNodeResponse.node:type_name -> lbd.v1.Node
+	67, // 35: lbd.v1.DetachNodeResponse.node:type_name -> lbd.v1.Node
+	68, // 36: lbd.v1.VerifyNodeResponse.repaired:type_name -> lbd.v1.Drift
+	67, // 37: lbd.v1.VerifyNodeResponse.node:type_name -> lbd.v1.Node
+	1,  // 38: lbd.v1.LoadBalancerService.CreateService:input_type -> lbd.v1.CreateServiceRequest
+	3,  // 39: lbd.v1.LoadBalancerService.GetService:input_type -> lbd.v1.GetServiceRequest
+	5,  // 40: lbd.v1.LoadBalancerService.ListServices:input_type -> lbd.v1.ListServicesRequest
+	7,  // 41: lbd.v1.LoadBalancerService.UpdateService:input_type -> lbd.v1.UpdateServiceRequest
+	9,  // 42: lbd.v1.LoadBalancerService.DeleteService:input_type -> lbd.v1.DeleteServiceRequest
+	11, // 43: lbd.v1.LoadBalancerService.ApplyServices:input_type -> lbd.v1.ApplyServicesRequest
+	13, // 44: lbd.v1.LoadBalancerService.WatchServices:input_type -> lbd.v1.WatchServicesRequest
+	15, // 45: lbd.v1.LoadBalancerService.CreateBackend:input_type -> lbd.v1.CreateBackendRequest
+	17, // 46: lbd.v1.LoadBalancerService.GetBackend:input_type -> lbd.v1.GetBackendRequest
+	19, // 47: lbd.v1.LoadBalancerService.ListBackends:input_type -> lbd.v1.ListBackendsRequest
+	21, // 48: lbd.v1.LoadBalancerService.UpdateBackend:input_type -> lbd.v1.UpdateBackendRequest
+	23, // 49: lbd.v1.LoadBalancerService.DeleteBackend:input_type -> lbd.v1.DeleteBackendRequest
+	25, // 50: lbd.v1.LoadBalancerService.TraceFlow:input_type -> lbd.v1.TraceFlowRequest
+	27, // 51: lbd.v1.LoadBalancerService.ListConnections:input_type -> lbd.v1.ListConnectionsRequest
+	31, // 52: lbd.v1.LoadBalancerService.GetStats:input_type -> lbd.v1.GetStatsRequest
+	29, // 53: lbd.v1.LoadBalancerService.ListSocketTranslations:input_type -> lbd.v1.ListSocketTranslationsRequest
+	33, // 54: lbd.v1.BgpService.CreateBgpPeer:input_type -> lbd.v1.CreateBgpPeerRequest
+	35, // 55: lbd.v1.BgpService.GetBgpPeer:input_type -> lbd.v1.GetBgpPeerRequest
+	37, // 56: lbd.v1.BgpService.ListBgpPeers:input_type -> lbd.v1.ListBgpPeersRequest
+	39, // 57: lbd.v1.BgpService.UpdateBgpPeer:input_type -> lbd.v1.UpdateBgpPeerRequest
+	41, // 58: lbd.v1.BgpService.DeleteBgpPeer:input_type -> lbd.v1.DeleteBgpPeerRequest
+	43, // 59: lbd.v1.BgpService.ListBgpRoutes:input_type -> lbd.v1.ListBgpRoutesRequest
+	45, // 60: lbd.v1.NodeService.GetNode:input_type -> lbd.v1.GetNodeRequest
+	47, // 61: lbd.v1.NodeService.DrainNode:input_type -> lbd.v1.DrainNodeRequest
+	49, // 62: lbd.v1.NodeService.UndrainNode:input_type -> lbd.v1.UndrainNodeRequest
+	51, // 63: lbd.v1.NodeService.DetachNode:input_type -> lbd.v1.DetachNodeRequest
+	53, // 64: lbd.v1.NodeService.VerifyNode:input_type -> lbd.v1.VerifyNodeRequest
+	2,  // 65: lbd.v1.LoadBalancerService.CreateService:output_type -> lbd.v1.CreateServiceResponse
+	4,  // 66: lbd.v1.LoadBalancerService.GetService:output_type -> lbd.v1.GetServiceResponse
+	6,  // 67: lbd.v1.LoadBalancerService.ListServices:output_type -> lbd.v1.ListServicesResponse
+	8,  // 68: lbd.v1.LoadBalancerService.UpdateService:output_type -> lbd.v1.UpdateServiceResponse
+	10, // 69: lbd.v1.LoadBalancerService.DeleteService:output_type -> lbd.v1.DeleteServiceResponse
+	12, // 70: lbd.v1.LoadBalancerService.ApplyServices:output_type -> lbd.v1.ApplyServicesResponse
+	14, // 71: lbd.v1.LoadBalancerService.WatchServices:output_type -> lbd.v1.WatchServicesResponse
+	16, // 72: lbd.v1.LoadBalancerService.CreateBackend:output_type -> lbd.v1.CreateBackendResponse
+	18, // 73: lbd.v1.LoadBalancerService.GetBackend:output_type -> lbd.v1.GetBackendResponse
+	20, // 74: lbd.v1.LoadBalancerService.ListBackends:output_type -> lbd.v1.ListBackendsResponse
+	22, // 75: lbd.v1.LoadBalancerService.UpdateBackend:output_type -> lbd.v1.UpdateBackendResponse
+	24, // 76: lbd.v1.LoadBalancerService.DeleteBackend:output_type -> lbd.v1.DeleteBackendResponse
+	26, // 77: lbd.v1.LoadBalancerService.TraceFlow:output_type -> lbd.v1.TraceFlowResponse
+	28, // 78: lbd.v1.LoadBalancerService.ListConnections:output_type -> lbd.v1.ListConnectionsResponse
+	32, // 79: lbd.v1.LoadBalancerService.GetStats:output_type -> lbd.v1.GetStatsResponse
+	30, // 80: lbd.v1.LoadBalancerService.ListSocketTranslations:output_type -> lbd.v1.ListSocketTranslationsResponse
+	34, // 81: lbd.v1.BgpService.CreateBgpPeer:output_type -> lbd.v1.CreateBgpPeerResponse
+	36, // 82: lbd.v1.BgpService.GetBgpPeer:output_type -> lbd.v1.GetBgpPeerResponse
+	38, // 83: lbd.v1.BgpService.ListBgpPeers:output_type -> lbd.v1.ListBgpPeersResponse
+	40, // 84: lbd.v1.BgpService.UpdateBgpPeer:output_type -> lbd.v1.UpdateBgpPeerResponse
+	42, // 85: lbd.v1.BgpService.DeleteBgpPeer:output_type -> lbd.v1.DeleteBgpPeerResponse
+	44, // 86: lbd.v1.BgpService.ListBgpRoutes:output_type -> lbd.v1.ListBgpRoutesResponse
+	46, // 87: lbd.v1.NodeService.GetNode:output_type -> lbd.v1.GetNodeResponse
+	48, // 88: lbd.v1.NodeService.DrainNode:output_type -> lbd.v1.DrainNodeResponse
+	50, // 89: lbd.v1.NodeService.UndrainNode:output_type -> lbd.v1.UndrainNodeResponse
+	52, // 90: lbd.v1.NodeService.DetachNode:output_type -> lbd.v1.DetachNodeResponse
+	54, // 91: lbd.v1.NodeService.VerifyNode:output_type -> lbd.v1.VerifyNodeResponse
+	65, // [65:92] is the sub-list for method output_type
+	38, // [38:65] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_lbd_v1_api_proto_init() }
