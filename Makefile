@@ -35,11 +35,11 @@ k8s-testbin: ## build kube-apiserver, etcd and kubectl for the adapter's and man
 
 generate: ## regenerate protobuf and bpf2go output (committed) with the pinned toolchain
 	$(BUF) generate
-	go generate ./bpf/...
+	go generate ./bpf/... ./internal/xdpgen/...
 
 check-generated: generate ## fail if generated code differs from what is committed
-	@git diff --exit-code --stat -- proto bpf || { echo "generated code is stale: run 'make generate' and commit"; exit 1; }
-	@test -z "$$(git status --porcelain -- proto bpf)" || { git status --porcelain -- proto bpf; echo "generate left untracked files"; exit 1; }
+	@git diff --exit-code --stat -- proto bpf internal/xdpgen || { echo "generated code is stale: run 'make generate' and commit"; exit 1; }
+	@test -z "$$(git status --porcelain -- proto bpf internal/xdpgen)" || { git status --porcelain -- proto bpf internal/xdpgen; echo "generate left untracked files"; exit 1; }
 
 docs: ## regenerate docs/reference (configuration and API references) from the Go code and the proto files
 	@img=$$(mktemp --suffix=.binpb) && trap 'rm -f "$$img"' EXIT && \
