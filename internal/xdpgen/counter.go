@@ -19,12 +19,17 @@ type Counter struct {
 	prog     *ebpf.Program
 	counters *ebpf.Map
 	cfg      *ebpf.Map
+	arrived  *ebpf.Map
 	link     link.Link
 }
 
 // Count attaches a Counter to ifname in ns. drop drops the counted frames; otherwise
 // they go on to the kernel (to be captured, or forwarded).
 func Count(ns *testnet.NS, ifname string, drop bool) (*Counter, error) {
+	return count(ns, ifname, drop, nil)
+}
+
+func count(ns *testnet.NS, ifname string, drop bool, p *Pacer) (*Counter, error) {
 	spec, err := loadXdpgen()
 	if err != nil {
 		return nil, err
@@ -33,18 +38,19 @@ func Count(ns *testnet.NS, ifname string, drop bool) (*Counter, error) {
 		Prog     *ebpf.Program `ebpf:"xg_count"`
 		Counters *ebpf.Map     `ebpf:"xg_counters"`
 		Cfg      *ebpf.Map     `ebpf:"xg_count_cfg"`
+		Arrived  *ebpf.Map     `ebpf:"xg_arrived"`
 	}
-	if err := spec.LoadAndAssign(&objs, nil); err != nil {
-		return nil, fmt.Errorf("load counter: %w", err)
+	if err := spec.LoadAndAssign(&objs, p.replacements()); err != nil {
+		return nil, fmt.Errorf("xdpgen: load counter: %w", err)
 	}
-	c := &Counter{prog: objs.Prog, counters: objs.Counters, cfg: objs.Cfg}
+	c := &Counter{prog: objs.Prog, counters: objs.Counters, cfg: objs.Cfg, arrived: objs.Arrived}
 	verdict := uint32(2) // XDP_PASS
 	if drop {
 		verdict = 1 // XDP_DROP
 	}
 	if err := c.cfg.Put(uint32(0), verdict); err != nil {
 		c.Close()
-		return nil, fmt.Errorf("configure counter: %w", err)
+		return nil, fmt.Errorf("xdpgen: configure counter: %w", err)
 	}
 	err = ns.DoErr(func() error {
 		ifc, err := netInterface(ifname)
@@ -56,7 +62,7 @@ func Count(ns *testnet.NS, ifname string, drop bool) (*Counter, error) {
 	})
 	if err != nil {
 		c.Close()
-		return nil, fmt.Errorf("attach counter to %s in %s: %w", ifname, ns.Name, err)
+		return nil, fmt.Errorf("xdpgen: attach counter to %s in %s: %w", ifname, ns.Name, err)
 	}
 	return c, nil
 }
@@ -65,7 +71,7 @@ func Count(ns *testnet.NS, ifname string, drop bool) (*Counter, error) {
 func (c *Counter) Packets() (packets, bytes uint64, err error) {
 	var per []xdpgenXgCounts
 	if err := c.counters.Lookup(uint32(0), &per); err != nil {
-		return 0, 0, fmt.Errorf("read counter: %w", err)
+		return 0, 0, fmt.Errorf("xdpgen: read counter: %w", err)
 	}
 	for _, v := range per {
 		packets += v.Packets
@@ -80,5 +86,5 @@ func (c *Counter) Close() error {
 	if c.link != nil {
 		errs = append(errs, c.link.Close())
 	}
-	return errors.Join(append(errs, c.prog.Close(), c.counters.Close(), c.cfg.Close())...)
+	return errors.Join(append(errs, c.prog.Close(), c.counters.Close(), c.cfg.Close(), c.arrived.Close())...)
 }

@@ -35,6 +35,11 @@ struct xg_config {
 	__u32 addrs;     /* source addresses, counted up from the template's (>= 1) */
 	__u32 ports;     /* source ports, counted up from the template's (>= 1) */
 	__u64 limit;     /* runs beyond this sequence number send nothing */
+	/* Nonzero: send only while fewer frames than this, of those sent since
+	 * seq_base, are missing from the count of arrivals since arrived_base. */
+	__u64 window;
+	__u64 seq_base;
+	__u64 arrived_base;
 	__u8 data[XG_MAX];
 };
 
@@ -47,10 +52,13 @@ struct {
 
 /* Not per CPU: BPF_PROG_RUN may move to another CPU between batches, and the
  * sequence must stay one sequence. Only one sender runs at a time (the Go side
- * holds a lock), so the increment needs no atomic. */
+ * holds a lock), so the increments need no atomics. */
 struct xg_state {
-	__u64 seq;  /* runs that sent a frame */
-	__u64 over; /* runs past the limit, which sent nothing */
+	__u64 seq;      /* runs that sent a frame */
+	__u64 over;     /* runs past the limit, which sent nothing */
+	__u64 waits;    /* runs that sent nothing: the window was full */
+	__u64 first_ns; /* when the frame numbered seq_base was sent */
+	__u64 last_ns;  /* when the frame numbered limit - 1 was sent */
 };
 
 struct {
@@ -59,6 +67,17 @@ struct {
 	__type(key, __u32);
 	__type(value, struct xg_state);
 } xg_seq SEC(".maps");
+
+/* Frames the counters of a pacer saw arrive. The Go side gives an injector and
+ * its counters one map, so that the injector can keep a window of frames in
+ * flight: a sender that waits for arrivals can offer any forwarder every frame
+ * without overflowing its queues, in one BPF_PROG_RUN call. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} xg_arrived SEC(".maps");
 
 SEC("xdp")
 int xg_send(struct xdp_md *ctx)
@@ -83,12 +102,32 @@ int xg_send(struct xdp_md *ctx)
 		s->over++;
 		return XDP_DROP;
 	}
+	if (c->window) {
+		__u64 *arrived = bpf_map_lookup_elem(&xg_arrived, &zero);
+		__u64 got;
+
+		if (!arrived)
+			return XDP_ABORTED;
+		got = *(volatile __u64 *)arrived - c->arrived_base;
+		/* Signed: other traffic the counters saw may put arrivals ahead. */
+		if ((__s64)(s->seq - c->seq_base - got) >= (__s64)c->window) {
+			s->waits++;
+			return XDP_DROP;
+		}
+	}
 	len = c->len;
 	if (len < XG_L4_OFF + sizeof(struct lbd_udphdr) || len > XG_MAX)
 		return XDP_ABORTED;
 	if (bpf_xdp_store_bytes(ctx, 0, c->data, len))
 		return XDP_ABORTED;
 	n = s->seq++;
+	/* The first and the last frame of a call's count are timed here, so that
+	 * the rate excludes BPF_PROG_RUN's setup and teardown (a page pool, and an
+	 * RCU grace period: tens to hundreds of milliseconds per call). */
+	if (n == c->seq_base)
+		s->first_ns = bpf_ktime_get_ns();
+	if (n + 1 == c->limit)
+		s->last_ns = bpf_ktime_get_ns();
 	if (c->mode == XG_ONE_FLOW)
 		return XDP_TX;
 
@@ -145,7 +184,8 @@ int xg_send(struct xdp_md *ctx)
 
 /* The counter: IPv4 TCP and UDP frames are counted and, if xg_count_cfg says so,
  * dropped; everything else (ARP, ICMP, IPv6 neighbour discovery) passes, so that
- * the interface stays a working host interface. */
+ * the interface stays a working host interface. It also adds them to
+ * xg_arrived, for an injector that paces itself on what arrived. */
 struct xg_counts {
 	__u64 packets;
 	__u64 bytes;
@@ -174,6 +214,7 @@ int xg_count(struct xdp_md *ctx)
 	struct lbd_iphdr *ip = data + LBD_ETH_HLEN;
 	struct xg_counts *cnt;
 	__u32 zero = 0, *verdict;
+	__u64 *arrived;
 
 	if ((void *)(ip + 1) > data_end || eth->proto != bpf_htons(LBD_ETH_P_IP))
 		return XDP_PASS;
@@ -185,5 +226,8 @@ int xg_count(struct xdp_md *ctx)
 		return XDP_PASS;
 	cnt->packets++;
 	cnt->bytes += data_end - data;
+	arrived = bpf_map_lookup_elem(&xg_arrived, &zero);
+	if (arrived)
+		__sync_fetch_and_add(arrived, 1);
 	return *verdict == XDP_DROP ? XDP_DROP : XDP_PASS;
 }

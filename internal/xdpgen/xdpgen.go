@@ -16,6 +16,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"runtime"
@@ -83,6 +84,16 @@ type Config struct {
 	// Pin makes the sending thread run on CPU during Send.
 	Pin bool
 	CPU int
+	// Priority, if not 0, makes the sending thread SCHED_FIFO with this priority
+	// during Send: on a busy machine the injector then sends without pauses, ahead of
+	// every normal task on its CPU (the kernel keeps them 5% of it).
+	Priority int
+	// Pacer and Window, if Window is not 0, make Send wait whenever Window frames it
+	// sent have not been counted yet by the pacer's counters: the receiver gets every
+	// frame, as fast as the path between delivers them. Without, Send offers frames
+	// as fast as it can and the path drops what it cannot take.
+	Pacer  *Pacer
+	Window int
 }
 
 // Gen is a loaded injector. Its flow sequence continues from one Send to the next.
@@ -114,15 +125,16 @@ func Load(cfg Config) (*Gen, error) {
 		return nil, err
 	}
 	var objs struct {
-		Send *ebpf.Program `ebpf:"xg_send"`
-		Cfg  *ebpf.Map     `ebpf:"xg_cfg"`
-		Seq  *ebpf.Map     `ebpf:"xg_seq"`
+		Send    *ebpf.Program `ebpf:"xg_send"`
+		Cfg     *ebpf.Map     `ebpf:"xg_cfg"`
+		Seq     *ebpf.Map     `ebpf:"xg_seq"`
+		Arrived *ebpf.Map     `ebpf:"xg_arrived"`
 	}
-	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+	if err := spec.LoadAndAssign(&objs, cfg.Pacer.replacements()); err != nil {
 		return nil, fmt.Errorf("load injector: %w", err)
 	}
-	g.objs.XgSend, g.objs.XgCfg, g.objs.XgSeq = objs.Send, objs.Cfg, objs.Seq
-	if err := g.writeConfig(0); err != nil {
+	g.objs.XgSend, g.objs.XgCfg, g.objs.XgSeq, g.objs.XgArrived = objs.Send, objs.Cfg, objs.Seq, objs.Arrived
+	if err := g.writeConfig(0, 0, 0); err != nil {
 		g.Close()
 		return nil, err
 	}
@@ -173,6 +185,12 @@ func (c Config) check() error {
 	if c.Sources < 1 || c.Ports < 1 {
 		return fmt.Errorf("xdpgen: %d sources and %d ports; want at least 1 of each", c.Sources, c.Ports)
 	}
+	if c.Window < 0 || c.Window > 0 && c.Pacer == nil {
+		return fmt.Errorf("xdpgen: a window of %d frames needs a pacer", c.Window)
+	}
+	if c.Priority < 0 || c.Priority > 99 {
+		return fmt.Errorf("xdpgen: priority %d; want 1 to 99, or 0", c.Priority)
+	}
 	if c.Batch < 1 || c.Batch > 256 {
 		return fmt.Errorf("xdpgen: batch %d; want 1 to 256", c.Batch)
 	}
@@ -208,13 +226,16 @@ func samePlanPrefix(a, b netip.Addr) bool {
 // TCPFlags returns the TCP flags of a frame the injector sends.
 func TCPFlags(frame []byte) pktgen.TCPFlags { return pktgen.TCPFlags(frame[l4Off+13]) }
 
-func (g *Gen) writeConfig(limit uint64) error {
+func (g *Gen) writeConfig(limit, seqBase, arrivedBase uint64) error {
 	v := xdpgenXgConfig{
-		Len:   uint32(len(g.cfg.Frame)),
-		Mode:  uint32(g.cfg.Mode),
-		Addrs: uint32(g.cfg.Sources),
-		Ports: uint32(g.cfg.Ports),
-		Limit: limit,
+		Len:         uint32(len(g.cfg.Frame)),
+		Mode:        uint32(g.cfg.Mode),
+		Addrs:       uint32(g.cfg.Sources),
+		Ports:       uint32(g.cfg.Ports),
+		Limit:       limit,
+		Window:      uint64(g.cfg.Window),
+		SeqBase:     seqBase,
+		ArrivedBase: arrivedBase,
 	}
 	copy(v.Data[:], g.cfg.Frame)
 	if err := g.objs.XgCfg.Put(uint32(0), &v); err != nil {
@@ -223,18 +244,36 @@ func (g *Gen) writeConfig(limit uint64) error {
 	return nil
 }
 
+// SetWindow changes the Window of the Sends to come; 0 stops pacing.
+func (g *Gen) SetWindow(window int) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	c := g.cfg
+	c.Window = window
+	if err := c.check(); err != nil {
+		return err
+	}
+	g.cfg = c
+	return nil
+}
+
 // Close unloads the program.
 func (g *Gen) Close() error {
-	return errors.Join(g.objs.XgSend.Close(), g.objs.XgCfg.Close(), g.objs.XgSeq.Close())
+	return errors.Join(g.objs.XgSend.Close(), g.objs.XgCfg.Close(), g.objs.XgSeq.Close(), g.objs.XgArrived.Close())
 }
 
 // Sent returns the number of frames sent since Load: the next packet's number.
 func (g *Gen) Sent() (uint64, error) {
+	s, err := g.state()
+	return s.Seq, err
+}
+
+func (g *Gen) state() (xdpgenXgState, error) {
 	var s xdpgenXgState
 	if err := g.objs.XgSeq.Lookup(uint32(0), &s); err != nil {
-		return 0, fmt.Errorf("xdpgen: read sequence: %w", err)
+		return s, fmt.Errorf("xdpgen: read sequence: %w", err)
 	}
-	return s.Seq, nil
+	return s, nil
 }
 
 // Flow returns the source of packet n and its TCP flags (0 for UDP), as the program
@@ -264,15 +303,17 @@ func (g *Gen) Flow(n uint64) (netip.AddrPort, pktgen.TCPFlags) {
 	return netip.AddrPortFrom(netip.AddrFrom4(a), sport), flags
 }
 
-// chunk is the most runs one BPF_PROG_RUN call makes: a call cannot be stopped, and
-// a few hundred milliseconds is what a caller may wait for a signal to be handled.
-const chunk = 1 << 20
+// idleRuns is how many runs a paced call may spend waiting beyond the frames it
+// sends: about a tenth of a second of waiting, after which Send checks that frames
+// still arrive.
+const idleRuns = 4 << 20
 
 // Send transmits count frames out of ifname, an interface of ns (its veth peer must run
 // XDP or have GRO on), continuing the flow sequence. It returns how many frames the
 // program handed to the interface, which is count unless an error stopped it, and the
-// time that took. A frame the interface could not queue (its peer's ring full) counts
-// as sent: the receiver counts what arrived.
+// time from the first frame to the last. Unpaced, a frame the interface could not
+// queue (its peer's ring full) counts as sent: the receiver counts what arrived.
+// Paced, Send fails if frames stop arriving.
 func (g *Gen) Send(ns *testnet.NS, ifname string, count int) (int, time.Duration, error) {
 	if count <= 0 {
 		return 0, 0, nil
@@ -284,10 +325,16 @@ func (g *Gen) Send(ns *testnet.NS, ifname string, count int) (int, time.Duration
 		return 0, 0, err
 	}
 	limit := start + uint64(count)
-	if err := g.writeConfig(limit); err != nil {
+	var arrived uint64
+	if g.cfg.Window > 0 {
+		if arrived, err = g.cfg.Pacer.Arrived(); err != nil {
+			return 0, 0, err
+		}
+	}
+	if err := g.writeConfig(limit, start, arrived); err != nil {
 		return 0, 0, err
 	}
-	var dur time.Duration
+	var wall time.Duration
 	err = ns.DoErr(func() error {
 		ifindex, err := netInterface(ifname)
 		if err != nil {
@@ -306,8 +353,19 @@ func (g *Gen) Send(ns *testnet.NS, ifname string, count int) (int, time.Duration
 			}
 			defer unix.SchedSetaffinity(0, &old)
 		}
+		if g.cfg.Priority != 0 {
+			old, err := unix.SchedGetAttr(0, 0)
+			if err != nil {
+				return fmt.Errorf("xdpgen: %w", err)
+			}
+			rt := unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_FIFO, Priority: uint32(g.cfg.Priority)}
+			if err := unix.SchedSetAttr(0, &rt, 0); err != nil {
+				return fmt.Errorf("xdpgen: SCHED_FIFO %d: %w", g.cfg.Priority, err)
+			}
+			defer unix.SchedSetAttr(0, old, 0)
+		}
 		t0 := time.Now()
-		defer func() { dur = time.Since(t0) }()
+		defer func() { wall = time.Since(t0) }()
 		for {
 			seq, err := g.Sent()
 			if err != nil {
@@ -316,17 +374,33 @@ func (g *Gen) Send(ns *testnet.NS, ifname string, count int) (int, time.Duration
 			if seq >= limit {
 				return nil
 			}
-			err = g.run(ifindex, uint32(min(limit-seq, chunk)))
+			// One call for everything, since each call costs a setup and teardown;
+			// a paced one with room to wait. A signal ends a call early (EINTR).
+			repeat := limit - seq
+			if g.cfg.Window > 0 {
+				repeat += idleRuns
+			}
+			err = g.run(ifindex, uint32(min(repeat, math.MaxUint32)))
 			if err != nil && !errors.Is(err, unix.EINTR) {
 				return fmt.Errorf("xdpgen: send on %s: %w", ifname, err)
 			}
+			if err == nil && g.cfg.Window > 0 {
+				if now, err := g.Sent(); err != nil || now == seq {
+					return fmt.Errorf("xdpgen: paced send on %s stalled: %d of %d frames sent, %d not counted by the pacer",
+						ifname, seq-start, count, g.cfg.Window)
+				}
+			}
 		}
 	})
-	end, serr := g.Sent()
+	st, serr := g.state()
 	if serr != nil {
-		return 0, dur, errors.Join(err, serr)
+		return 0, wall, errors.Join(err, serr)
 	}
-	return int(end - start), dur, err
+	dur := wall
+	if st.Seq == limit && st.LastNs >= st.FirstNs {
+		dur = time.Duration(st.LastNs - st.FirstNs)
+	}
+	return int(st.Seq - start), dur, err
 }
 
 // xdpMD is struct xdp_md, the context of an XDP run.

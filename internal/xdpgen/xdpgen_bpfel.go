@@ -14,14 +14,17 @@ import (
 )
 
 type xdpgenXgConfig struct {
-	_     structs.HostLayout
-	Len   uint32
-	Mode  uint32
-	Addrs uint32
-	Ports uint32
-	Limit uint64
-	Data  [1514]uint8
-	_     [6]byte
+	_           structs.HostLayout
+	Len         uint32
+	Mode        uint32
+	Addrs       uint32
+	Ports       uint32
+	Limit       uint64
+	Window      uint64
+	SeqBase     uint64
+	ArrivedBase uint64
+	Data        [1514]uint8
+	_           [6]byte
 }
 
 type xdpgenXgCounts struct {
@@ -31,15 +34,19 @@ type xdpgenXgCounts struct {
 }
 
 type xdpgenXgState struct {
-	_    structs.HostLayout
-	Seq  uint64
-	Over uint64
+	_       structs.HostLayout
+	Seq     uint64
+	Over    uint64
+	Waits   uint64
+	FirstNs uint64
+	LastNs  uint64
 }
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	xdpgenMapXgArrived  = "xg_arrived"
 	xdpgenMapXgCfg      = "xg_cfg"
 	xdpgenMapXgCountCfg = "xg_count_cfg"
 	xdpgenMapXgCounters = "xg_counters"
@@ -98,6 +105,7 @@ type xdpgenProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xdpgenMapSpecs struct {
+	XgArrived  *ebpf.MapSpec `ebpf:"xg_arrived"`
 	XgCfg      *ebpf.MapSpec `ebpf:"xg_cfg"`
 	XgCountCfg *ebpf.MapSpec `ebpf:"xg_count_cfg"`
 	XgCounters *ebpf.MapSpec `ebpf:"xg_counters"`
@@ -130,6 +138,7 @@ func (o *xdpgenObjects) Close() error {
 //
 // It can be passed to loadXdpgenObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xdpgenMaps struct {
+	XgArrived  *ebpf.Map `ebpf:"xg_arrived"`
 	XgCfg      *ebpf.Map `ebpf:"xg_cfg"`
 	XgCountCfg *ebpf.Map `ebpf:"xg_count_cfg"`
 	XgCounters *ebpf.Map `ebpf:"xg_counters"`
@@ -138,6 +147,7 @@ type xdpgenMaps struct {
 
 func (m *xdpgenMaps) Close() error {
 	return _XdpgenClose(
+		m.XgArrived,
 		m.XgCfg,
 		m.XgCountCfg,
 		m.XgCounters,
