@@ -9,7 +9,7 @@ BENCHSTAT := go run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6
 VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -X github.com/lbd-dev/lbd/daemon/lbd.Version=$(VERSION) -X github.com/lbd-dev/lbd/lbctl.Version=$(VERSION)
 DEBIAN_PACKAGES := clang llvm libbpf-dev bpftool iproute2 ethtool tshark tcpdump bird2 frr \
-	iperf3 netcat-openbsd iputils-ping curl git make python3 systemd
+	nftables iperf3 netcat-openbsd iputils-ping curl git make python3 systemd
 
 .PHONY: help deps build k8s-testbin docs check-docs generate check-generated test integration bench demo demo-down lint check clean
 
@@ -67,8 +67,8 @@ test: ## unit, BPF and in-process tests (privileged ones skip unless root)
 integration: build ## end-to-end tests in network namespaces (root)
 	LBD_BIN_DIR=$(CURDIR)/bin go test -count=1 -v -timeout 20m ./integration/...
 
-bench: ## benchmarks, 5 runs each, summarized by benchstat
-	go test -run '^$$' -bench . -benchmem -count 5 -timeout 60m ./... | tee bench.txt
+bench: build ## benchmarks, 5 runs each, summarized by benchstat
+	LBD_BIN_DIR=$(CURDIR)/bin go test -run '^$$' -bench . -benchmem -count 5 -timeout 60m ./... | tee bench.txt
 	$(BENCHSTAT) bench.txt
 
 check: deps check-generated check-docs lint k8s-testbin test integration ## everything CI runs: the README's test command

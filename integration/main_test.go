@@ -54,7 +54,7 @@ var (
 
 // binaries returns the paths of lbd and lbctl, building them once per run unless
 // LBD_BIN_DIR points at binaries built already.
-func binaries(t *testing.T) (lbd, lbctl string) {
+func binaries(t testing.TB) (lbd, lbctl string) {
 	t.Helper()
 	buildOnce.Do(func() {
 		if dir := os.Getenv("LBD_BIN_DIR"); dir != "" {
