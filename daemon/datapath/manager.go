@@ -100,6 +100,9 @@ type Manager struct {
 	programmed map[uint32]*programmed
 	// orphans are backends found in adopted maps, until the first Sync.
 	orphans map[uint32]lbxdp.Backend
+	// migrations are the maps Open rebuilds: copied before the programs are switched,
+	// finished once they all are (migrate.go).
+	migrations []*migration
 }
 
 // NATIdle is how long a backend node keeps an idle flow's NAT entry when LB nodes keep
@@ -191,6 +194,10 @@ func Open(cfg Config, log hclog.Logger) (*Manager, error) {
 		m.Close()
 		return nil, err
 	}
+	if err := m.finishMigrations(); err != nil {
+		m.Close()
+		return nil, err
+	}
 	m.attached = true
 	return m, nil
 }
@@ -203,9 +210,11 @@ var learnedMaps = map[string]bool{
 }
 
 // loadWithMigration loads a program's maps from dir, first moving aside pinned maps that
-// no longer fit spec; their entries are then copied into the new maps.
+// no longer fit spec, and copies their entries into the new maps. The old programs run
+// until they are switched and may write the old maps meanwhile: finishMigrations copies
+// again after the switch.
 func (m *Manager) loadWithMigration(dir string, spec *ebpf.CollectionSpec, load func() error) error {
-	migs, err := planMigrations(dir, spec, learnedMaps)
+	migs, err := planMigrations(dir, spec, learnedMaps, m.log)
 	if err != nil {
 		return err
 	}
@@ -213,12 +222,31 @@ func (m *Manager) loadWithMigration(dir string, spec *ebpf.CollectionSpec, load 
 		return err
 	}
 	for _, mg := range migs {
-		copied, lost, err := mg.finish()
+		start := time.Now()
+		s, err := mg.copy(false)
 		if err != nil {
 			return err
 		}
-		m.log.Info("map migrated", "op", "migrate", "map", mg.name, "copied", copied, "lost", lost, "layout_changed", !mg.copyable)
+		m.log.Info("map copied, old programs still attached", "op", "migrate", "map", mg.name,
+			"copied", s.copied, "present", s.present, "lost", s.lost, "took", time.Since(start))
 	}
+	m.migrations = append(m.migrations, migs...)
+	return nil
+}
+
+// finishMigrations copies what the old programs wrote into the old maps until they were
+// switched, and removes the old maps' pins. Every program must be switched by then.
+func (m *Manager) finishMigrations() error {
+	for _, mg := range m.migrations {
+		start := time.Now()
+		s, err := mg.finish()
+		if err != nil {
+			return err
+		}
+		m.log.Info("map migrated", "op", "migrate", "map", mg.name, "copied", mg.total.copied, "lost", mg.total.lost,
+			"copied_after_switch", s.copied, "took", time.Since(start), "layout_changed", mg.layoutChanged())
+	}
+	m.migrations = nil
 	return nil
 }
 
