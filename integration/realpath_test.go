@@ -79,9 +79,14 @@ func TestRealPath(t *testing.T) {
 	}
 }
 
-// rpBenchPackets is how many frames one measurement offers: about two seconds of the
-// injector.
-const rpBenchPackets = 10_000_000
+// rpBenchPackets is how many frames one measurement offers: a few seconds of the
+// injector, so that one measurement is enough for the benchmark's loop.
+const rpBenchPackets = 20_000_000
+
+// rpFill is how many frames go before a measurement: as many new flows fill lbd's
+// conntrack (1M entries by default) and the kernel's (nf_conntrack_max, 262,144 here),
+// so that "new flow per packet" is measured with full tables, as a busy LB node has.
+const rpFill = 2_000_000
 
 // BenchmarkRealPath measures each forwarder on the same topology in the same run:
 // forwarded packets per second (Mpps, counted at the backends), the LB node's CPU time
@@ -103,6 +108,7 @@ func BenchmarkRealPath(b *testing.B) {
 			for _, c := range trafficCases() {
 				g := gens[c.name]
 				rp.measure(g, 256, true) // resolve the backends' addresses
+				rp.measure(g, rpFill, false)
 				b.Run(c.name, func(b *testing.B) {
 					rp.tb = b
 					var s sample
