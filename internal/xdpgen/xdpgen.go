@@ -304,9 +304,13 @@ func (g *Gen) Flow(n uint64) (netip.AddrPort, pktgen.TCPFlags) {
 }
 
 // idleRuns is how many runs a paced call may spend waiting beyond the frames it
-// sends: about a tenth of a second of waiting, after which Send checks that frames
+// sends: about a tenth of a second of waiting, after which Send looks whether frames
 // still arrive.
 const idleRuns = 4 << 20
+
+// stallAfter is how long a paced Send waits for an arrival before it gives up: long
+// enough for a busy machine to schedule the receivers again. A variable for the test.
+var stallAfter = 5 * time.Second
 
 // Send transmits count frames out of ifname, an interface of ns (its veth peer must run
 // XDP or have GRO on), continuing the flow sequence. It returns how many frames the
@@ -366,6 +370,7 @@ func (g *Gen) Send(ns *testnet.NS, ifname string, count int) (int, time.Duration
 		}
 		t0 := time.Now()
 		defer func() { wall = time.Since(t0) }()
+		progress, last := t0, start
 		for {
 			seq, err := g.Sent()
 			if err != nil {
@@ -385,9 +390,15 @@ func (g *Gen) Send(ns *testnet.NS, ifname string, count int) (int, time.Duration
 				return fmt.Errorf("xdpgen: send on %s: %w", ifname, err)
 			}
 			if err == nil && g.cfg.Window > 0 {
-				if now, err := g.Sent(); err != nil || now == seq {
-					return fmt.Errorf("xdpgen: paced send on %s stalled: %d of %d frames sent, %d not counted by the pacer",
-						ifname, seq-start, count, g.cfg.Window)
+				now, err := g.Sent()
+				if err != nil {
+					return err
+				}
+				if now != last {
+					progress, last = time.Now(), now
+				} else if time.Since(progress) > stallAfter {
+					return fmt.Errorf("xdpgen: paced send on %s stalled for %v: %d of %d frames sent, %d not counted by the pacer",
+						ifname, stallAfter, now-start, count, g.cfg.Window)
 				}
 			}
 		}
@@ -397,7 +408,7 @@ func (g *Gen) Send(ns *testnet.NS, ifname string, count int) (int, time.Duration
 		return 0, wall, errors.Join(err, serr)
 	}
 	dur := wall
-	if st.Seq == limit && st.LastNs >= st.FirstNs {
+	if st.Seq == limit && st.LastNs > st.FirstNs {
 		dur = time.Duration(st.LastNs - st.FirstNs)
 	}
 	return int(st.Seq - start), dur, err

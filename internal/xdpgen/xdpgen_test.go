@@ -349,3 +349,23 @@ func TestPaced(t *testing.T) {
 		t.Fatalf("paced: %d sent, %d arrived; want %d", sent, after-before, n)
 	}
 }
+
+// TestPacedStall: a paced send whose frames are never counted (the peer's counter is
+// not the pacer's) fails instead of waiting forever, having sent one window.
+func TestPacedStall(t *testing.T) {
+	p := newPair(t)
+	attachCounter(t, p.b, p.ifB, true)
+	p.a.WaitUp(t, p.ifA)
+	pacer, err := NewPacer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pacer.Close()
+	defer func(d time.Duration) { stallAfter = d }(stallAfter)
+	stallAfter = 300 * time.Millisecond
+	g := load(t, Config{Frame: template(pktgen.ProtoTCP, pktgen.SYN), Pacer: pacer, Window: 16})
+	sent, _, err := g.Send(p.a, p.ifA, 1000)
+	if err == nil || !strings.Contains(err.Error(), "stalled") || sent != 16 {
+		t.Fatalf("sent %d of 1000 with nothing counted: %v; want 16 and a stall", sent, err)
+	}
+}
