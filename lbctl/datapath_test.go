@@ -219,6 +219,9 @@ func TestStatsSections(t *testing.T) {
 			Reasons:      []*lbdv1.Counter{{Name: "backend_decap", Packets: 9}},
 			SocketEvents: []*lbdv1.EventCounter{{Name: "connect", Count: 40}},
 		}, "REASON         PACKETS\nbackend_decap  9\n\nSOCKET EVENT  CALLS\nconnect       40\n"},
+		{"conntrack events in the datapath's order", &lbdv1.GetStatsResponse{
+			ConntrackEvents: []*lbdv1.EventCounter{{Name: "inserted", Count: 12}, {Name: "guard_skipped", Count: 3}},
+		}, "CONNTRACK EVENT  COUNT\ninserted         12\nguard_skipped    3\n"},
 	} {
 		srv := startFake(t, &fakeDatapath{stats: tc.stats})
 		if got := ok(t, srv, "stats"); got != tc.want {

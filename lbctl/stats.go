@@ -7,6 +7,7 @@ import (
 	"io"
 	"slices"
 	"strings"
+	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
@@ -50,15 +51,23 @@ func sortStats(s *lbdv1.GetStatsResponse) {
 }
 
 // writeStats writes the services table, each backend indented under its service, then the
-// reasons table, then the socket events. A section with nothing in it is left out: a
-// backend-only node has no services, an LB with no backend role no backend counters.
+// reasons table, then the socket and conntrack events (in the datapath's order: a flow's
+// life). A section with nothing in it is left out: a backend-only node has no services,
+// an LB with no backend role no backend counters.
 func writeStats(w io.Writer, s *lbdv1.GetStatsResponse) {
-	if len(s.Services) == 0 && len(s.Reasons) == 0 && len(s.SocketEvents) == 0 {
+	if len(s.Services) == 0 && len(s.Reasons) == 0 && len(s.SocketEvents) == 0 && len(s.ConntrackEvents) == 0 {
 		fmt.Fprintln(w, "No counters: the datapath has no service and reports no reason.")
 		return
 	}
+	sections := 0
+	section := func() *tabwriter.Writer {
+		if sections++; sections > 1 {
+			fmt.Fprintln(w)
+		}
+		return newTable(w)
+	}
 	if len(s.Services) > 0 {
-		t := newTable(w)
+		t := section()
 		row(t, "SERVICE/BACKEND", "PACKETS", "BYTES", "NEW FLOWS")
 		for _, svc := range s.Services {
 			row(t, svc.ServiceName, svc.Packets, svc.Bytes, svc.NewFlows)
@@ -69,23 +78,23 @@ func writeStats(w io.Writer, s *lbdv1.GetStatsResponse) {
 		t.Flush()
 	}
 	if len(s.Reasons) > 0 {
-		if len(s.Services) > 0 {
-			fmt.Fprintln(w)
-		}
-		t := newTable(w)
+		t := section()
 		row(t, "REASON", "PACKETS")
 		for _, r := range s.Reasons {
 			row(t, r.Name, r.Packets)
 		}
 		t.Flush()
 	}
-	if len(s.SocketEvents) > 0 {
-		if len(s.Services) > 0 || len(s.Reasons) > 0 {
-			fmt.Fprintln(w)
+	for _, ev := range []struct {
+		title, unit string
+		events      []*lbdv1.EventCounter
+	}{{"SOCKET EVENT", "CALLS", s.SocketEvents}, {"CONNTRACK EVENT", "COUNT", s.ConntrackEvents}} {
+		if len(ev.events) == 0 {
+			continue
 		}
-		t := newTable(w)
-		row(t, "SOCKET EVENT", "CALLS")
-		for _, e := range s.SocketEvents {
+		t := section()
+		row(t, ev.title, ev.unit)
+		for _, e := range ev.events {
 			row(t, e.Name, e.Count)
 		}
 		t.Flush()

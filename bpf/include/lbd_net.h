@@ -18,6 +18,9 @@
 
 #define LBD_NSEC_PER_SEC 1000000000ULL
 
+/* Error numbers map helpers return (negated), as in <asm-generic/errno-base.h>. */
+#define LBD_EEXIST 17
+
 #define LBD_ETH_ALEN 6
 #define LBD_ETH_HLEN 14
 #define LBD_VLAN_HLEN 4

@@ -3,6 +3,7 @@
 package lbxdp
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -71,6 +72,11 @@ type testRunAttr struct {
 // thread yields the CPU to other tasks (this machine's two cores are shared),
 // which a wall clock around the syscall would count.
 func testRun(prog *ebpf.Program, frame []byte, ingress int) (Verdict, []byte, float64, error) {
+	return testRunN(prog, frame, ingress, benchPackets)
+}
+
+// testRunN is testRun with repeat packets.
+func testRunN(prog *ebpf.Program, frame []byte, ingress int, repeat uint32) (Verdict, []byte, float64, error) {
 	md := XDPMD{DataEnd: uint32(len(frame)), IngressIfindex: uint32(ingress)}
 	out := make([]byte, len(frame)+256)
 	attr := testRunAttr{
@@ -79,7 +85,7 @@ func testRun(prog *ebpf.Program, frame []byte, ingress int) (Verdict, []byte, fl
 		dataSizeOut: uint32(len(out)),
 		dataIn:      uint64(uintptr(unsafe.Pointer(&frame[0]))),
 		dataOut:     uint64(uintptr(unsafe.Pointer(&out[0]))),
-		repeat:      benchPackets,
+		repeat:      repeat,
 		ctxSizeIn:   uint32(unsafe.Sizeof(md)),
 		ctxIn:       uint64(uintptr(unsafe.Pointer(&md))),
 	}
@@ -108,10 +114,12 @@ type benchCase struct {
 	// before, if set, runs before every measured run of the program (not of the
 	// baseline), outside the kernel's clock.
 	before func(b *testing.B)
+	// packets per run; 0: benchPackets.
+	packets uint32
 }
 
 // setTemplate points the harness at frame and target.
-func (h *harness) setTemplate(b *testing.B, c benchCase, target *ebpf.Program) {
+func (h *harness) setTemplate(b testing.TB, c benchCase, target *ebpf.Program) {
 	b.Helper()
 	t := benchwrapBwTemplate{Len: uint32(len(c.frame))}
 	copy(t.Data[:], c.frame)
@@ -142,7 +150,7 @@ func (h *harness) measure(b *testing.B, prog *ebpf.Program, c benchCase) (gross,
 			ns  float64
 			err error
 		)
-		h.tp.ns.Do(b, func() { v, out, ns, err = testRun(run, c.frame, h.tp.ifA) })
+		h.tp.ns.Do(b, func() { v, out, ns, err = testRunN(run, c.frame, h.tp.ifA, cmp.Or(c.packets, benchPackets)) })
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -186,21 +194,26 @@ func report(b *testing.B, gross, base []float64) {
 	b.ReportMetric(slices.Max(net), "max-net-ns/pkt")
 }
 
-// BenchmarkDatapath measures lb_xdp through BPF_PROG_TEST_RUN, 2^20 packets
-// per run, with the kernel's own clock (see testRun):
+// BenchmarkDatapath measures lb_xdp through BPF_PROG_TEST_RUN with the kernel's
+// own clock (see testRun), conntrack sized for benchCapacity flows (its map holds
+// a quarter more) and the flood guard off, so that every new flow pays its insert:
 //
-//	(a) a new TCP SYN flow every packet, 2^20 distinct flows per run; the
-//	    conntrack map holds 1M, so after the first run every insert evicts
-//	    the least recently used entry, as on a node whose table is full;
-//	(a-room) the same into a conntrack map emptied before every run (outside
-//	    the clock), as on a node whose garbage collector keeps room: inserts
-//	    take free entries and evict nothing;
+//	(a) a new TCP SYN flow every packet into a conntrack table filled to its
+//	    capacity (refilled before every run, outside the clock), benchHeadroom
+//	    packets per run: as many as the headroom holds, so that every insert
+//	    finds a free entry, as on a node whose collector keeps up;
+//	(a-ack) the same with ACK-only packets (a flow first seen mid-connection:
+//	    a tentative entry);
+//	(a-empty) new SYN flows into an empty table, benchPackets per run;
+//	(a-guard) new SYN flows with the flood guard engaged: balanced by the
+//	    Maglev table, not recorded;
 //	(b) a packet of an established flow;
 //	(c) traffic to an address that is not a VIP, passed;
 //	(d) a malformed frame (IPv4 header length 4), dropped;
 //	a-floor-lru-insert: not lb_xdp but a program that only inserts a new
-//	    40-byte key into a 1M-entry LRU hash (bench_wrap.c), the kernel's part
-//	    of (a) that no program can avoid.
+//	    40-byte key with a 40-byte value into a full 1M-entry LRU hash
+//	    (bench_wrap.c): the floor of any design that evicts on insert, which
+//	    (a) is compared with.
 //
 // (a) and (b) encapsulate, so the harness of bench_wrap.c restores the frame
 // before every packet (and for (a) writes a new source address and port),
@@ -223,7 +236,18 @@ func report(b *testing.B, gross, base []float64) {
 // the harness (cache lines it evicts), which is part of running it.
 func BenchmarkDatapath(b *testing.B) {
 	e := &env{topo: newTopo(b)}
-	e.d = loadDatapath(b, Options{MaxServices: 64, MaxBackends: 256})
+	e.d = loadDatapath(b, Options{MaxServices: 64, MaxBackends: 256, ConntrackSize: benchCapacity})
+	setGuard := func(b *testing.B, rate uint32) {
+		cfg, err := e.d.Config()
+		if err != nil {
+			b.Fatal(err)
+		}
+		cfg.GuardRate = rate
+		if err := e.d.SetConfig(cfg); err != nil {
+			b.Fatal(err)
+		}
+	}
+	setGuard(b, 0)
 	for i := uint32(1); i <= 16; i++ {
 		e.addBackend(b, i, fmt.Sprintf("198.18.20.%d", i), 8080, fmt.Sprintf("198.18.10.%d", i))
 	}
@@ -238,55 +262,180 @@ func BenchmarkDatapath(b *testing.B) {
 	h := newHarness(b, e.topo)
 
 	syn := pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 40000, DstPort: 80, Payload: pktgen.Bytes(20)}.Frame()
+	ack := pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 40000, DstPort: 80, Flags: pktgen.ACK, Payload: pktgen.Bytes(20)}.Frame()
 	est := pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 40001, DstPort: 80, Flags: pktgen.ACK, Payload: pktgen.Bytes(20)}.Frame()
 	other := pktgen.Packet{Src: client4, Dst: netip.MustParseAddr("203.0.113.200"), SrcPort: 40002, DstPort: 80, Payload: pktgen.Bytes(20)}.Frame()
 	bad := pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 40003, DstPort: 80, Payload: pktgen.Bytes(20)}.Frame()
 	bad[14] = 0x44 // IHL 4
 
+	// The flows the harness varies through are in 198.18.0.0/15; the table is
+	// filled with others.
+	harnessFlow := func(c CTEntry) bool { return benchVaried.Contains(c.Flow.Src.Addr()) }
+	atCapacity := func(b *testing.B) {
+		if _, err := e.d.DeleteConntrackWhere(harnessFlow); err != nil {
+			b.Fatal(err)
+		}
+		n := 0
+		if err := e.d.Conntrack(func(CTEntry) bool { n++; return true }); err != nil {
+			b.Fatal(err)
+		}
+		if n != benchCapacity {
+			fillConntrack(b, e.d, benchCapacity)
+		}
+	}
+	empty := func(b *testing.B) {
+		if _, err := e.d.DeleteConntrackWhere(func(CTEntry) bool { return true }); err != nil {
+			b.Fatal(err)
+		}
+	}
 	cases := []struct {
 		name string
 		benchCase
 	}{
-		{"a-new-flow", benchCase{syn, true, true, XDPTx, nil}},
-		{"a-room-new-flow", benchCase{syn, true, true, XDPTx, func(b *testing.B) {
-			if _, err := e.d.DeleteConntrackWhere(func(CTEntry) bool { return true }); err != nil {
-				b.Fatal(err)
-			}
+		{"a-new-flow", benchCase{frame: syn, harness: true, vary: true, verdict: XDPTx, before: atCapacity, packets: benchHeadroom}},
+		{"a-ack-new-flow", benchCase{frame: ack, harness: true, vary: true, verdict: XDPTx, before: atCapacity, packets: benchHeadroom}},
+		{"a-empty-new-flow", benchCase{frame: syn, harness: true, vary: true, verdict: XDPTx, before: empty}},
+		{"a-guard-new-flow", benchCase{frame: syn, harness: true, vary: true, verdict: XDPTx, before: func(b *testing.B) {
+			empty(b)
+			setGuard(b, 1)
 		}}},
-		{"b-established", benchCase{est, true, false, XDPTx, nil}},
-		{"c-non-vip-pass", benchCase{other, false, false, XDPPass, nil}},
-		{"d-malformed-drop", benchCase{bad, false, false, XDPDrop, nil}},
+		{"b-established", benchCase{frame: est, harness: true, verdict: XDPTx, before: func(b *testing.B) { setGuard(b, 0) }}},
+		{"c-non-vip-pass", benchCase{frame: other, verdict: XDPPass}},
+		{"d-malformed-drop", benchCase{frame: bad, verdict: XDPDrop}},
 	}
-	// The kernel's own cost of inserting a new conntrack-sized key into a 1M LRU hash,
-	// nothing else: the floor under (a).
-	b.Run("a-floor-lru-insert", func(b *testing.B) {
-		var gross, base []float64
-		for range b.N {
-			for range benchRuns {
-				var g, bs float64
+	// The floors under (a): the kernel's cost of inserting the packet's flow,
+	// nothing else, into a full LRU (every insert evicts) and into a preallocated
+	// hash of conntrack's layout filled to benchCapacity, with the same harness,
+	// frames and packets per run as (a).
+	floors := []struct {
+		name   string
+		prog   *ebpf.Program
+		before func(b *testing.B)
+	}{
+		{"a-floor-lru-insert", h.objs.BenchCtLruInsert, nil},
+		{"a-floor-lru16-insert", h.objs.BenchCtLru16Insert, nil},
+		{"a-floor-hash-insert", h.objs.BenchCtHashInsert, func(b *testing.B) { clearVaried(b, h.objs.BwCtHash) }},
+	}
+	fillFloor(b, h.objs.BwCtHash, benchCapacity)
+	for _, f := range floors {
+		b.Run(f.name, func(b *testing.B) {
+			c := benchCase{frame: syn, harness: true, vary: true, verdict: XDPPass, before: f.before, packets: benchHeadroom}
+			if f.before == nil {
+				// Fill the LRU first, so that every measured insert evicts.
+				h.setTemplate(b, c, f.prog)
 				h.tp.ns.Do(b, func() {
-					var err error
-					if _, _, bs, err = testRun(h.objs.BenchPass, other, h.tp.ifA); err != nil {
+					if _, _, _, err := testRunN(h.objs.BenchWrap, syn, h.tp.ifA, 1<<20+benchHeadroom); err != nil {
 						b.Fatal(err)
 					}
-					var v Verdict
-					if v, _, g, err = testRun(h.objs.BenchCtInsert, other, h.tp.ifA); err != nil || v != XDPPass {
-						b.Fatalf("insert run: verdict %v, %v", v, err)
-					}
 				})
-				gross, base = append(gross, g), append(base, bs)
 			}
-		}
-		report(b, gross, base)
-	})
+			var gross, base []float64
+			for range b.N {
+				g, bs := h.measure(b, f.prog, c)
+				gross, base = append(gross, g...), append(base, bs...)
+			}
+			report(b, gross, base)
+		})
+	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
 			var gross, base []float64
+			before, err := e.d.ConntrackEvents()
+			if err != nil {
+				b.Fatal(err)
+			}
 			for range b.N {
 				g, bs := h.measure(b, e.d.Program(), c.benchCase)
 				gross, base = append(gross, g...), append(base, bs...)
 			}
 			report(b, gross, base)
+			reportEvents(b, e.d, before, len(gross)*int(cmp.Or(c.packets, benchPackets)))
 		})
+	}
+}
+
+// benchCapacity is the conntrack capacity of BenchmarkDatapath, benchHeadroom
+// the free entries its map has when that many are in use.
+const (
+	benchCapacity = 1 << 20
+	benchHeadroom = benchCapacity / 4
+)
+
+// benchVaried holds the client addresses the harness varies through.
+var benchVaried = netip.MustParsePrefix("198.18.0.0/15")
+
+// fillConntrack fills the conntrack table with n established flows from
+// 10.0.0.0/8, replacing what is there.
+func fillConntrack(b *testing.B, d *Datapath, n int) {
+	b.Helper()
+	if _, err := d.DeleteConntrackWhere(func(CTEntry) bool { return true }); err != nil {
+		b.Fatal(err)
+	}
+	now := MonotonicNow()
+	entries := make([]CTEntry, 0, n)
+	for i := range n {
+		src := netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})
+		entries = append(entries, CTEntry{
+			Flow:      Flow{Src: netip.AddrPortFrom(src, 1024), Dst: netip.AddrPortFrom(vip4, 80), Proto: ProtoTCP},
+			BackendID: 1, ServiceID: 1, State: CTEstablished, LastSeen: now,
+		})
+	}
+	if w, err := d.RestoreConntrack(entries); err != nil || w != n {
+		b.Fatalf("fill conntrack: wrote %d of %d: %v", w, n, err)
+	}
+}
+
+// reportEvents publishes what conntrack did per measured packet: inserts,
+// guard skips and failed inserts, so that a case's figure says which path it
+// measured.
+func reportEvents(b *testing.B, d *Datapath, before []CTEventCount, packets int) {
+	after, err := d.ConntrackEvents()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i, ev := range after {
+		switch ev.Event {
+		case CTInserted, CTGuardSkipped, CTInsertFailed:
+			b.ReportMetric(float64(ev.Count-before[i].Count)/float64(packets), ev.Event.String()+"/pkt")
+		}
+	}
+}
+
+// fillFloor fills bw_ct_hash with n flows from 10.0.0.0/8, which the harness
+// never sends.
+func fillFloor(b *testing.B, m *ebpf.Map, n int) {
+	b.Helper()
+	keys := make([]benchwrapBwCt4Key, n)
+	vals := make([]benchwrapBwCtVal, n)
+	for i := range keys {
+		keys[i].Saddr = 10 | uint32(i)<<8 // 10.x.y.z in network order
+		keys[i].Proto = ProtoTCP
+	}
+	if _, err := m.BatchUpdate(keys, vals, nil); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// clearVaried deletes the flows the harness inserted into bw_ct_hash.
+func clearVaried(b *testing.B, m *ebpf.Map) {
+	b.Helper()
+	var (
+		k      benchwrapBwCt4Key
+		v      benchwrapBwCtVal
+		doomed []benchwrapBwCt4Key
+	)
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		if k.Saddr&0xff != 10 {
+			doomed = append(doomed, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		b.Fatal(err)
+	}
+	if len(doomed) > 0 {
+		if _, err := m.BatchDelete(doomed, nil); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

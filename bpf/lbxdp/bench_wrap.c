@@ -86,32 +86,119 @@ int bench_wrap(struct xdp_md *ctx)
 	return XDP_ABORTED;
 }
 
-/* The floor of a new flow: nothing but the insert of a new key into an LRU hash
- * of lb_conntrack's size and layout (40-byte key and value, 1M entries), one new key
- * per run. What the kernel's map costs bounds what any new-flow path costs. */
-struct bw_ct_kv {
+/* The floors of a new flow: nothing but the insert of the packet's flow into a
+ * conntrack-sized map. Run through bench_wrap like lb_xdp, so that the key comes
+ * from a new frame every run and both see the same work around the insert. */
+
+/* lb_ct_key's layout: 40 bytes, IPv4 or IPv6. */
+struct bw_ct_key {
+	__u8 saddr[16];
+	__u8 daddr[16];
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 family;
+	__u16 pad;
+};
+
+/* lb_ct4_key's layout: an IPv4 flow in 16 bytes. */
+struct bw_ct4_key {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+/* The 40-byte conntrack value lbd had before it was made compact. */
+struct bw_ct_val40 {
 	__u64 w[5];
 };
+
+/* lb_ct's 16 bytes. */
+struct bw_ct_val {
+	__u64 w[2];
+};
+
+/* Evict-on-insert designs: 1M-entry LRU hashes, full, so that every insert
+ * evicts; one with lbd's former layout, one with its present one. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 1048576);
+	__type(key, struct bw_ct_key);
+	__type(value, struct bw_ct_val40);
+} bw_ct_lru SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 1048576);
-	__type(key, struct bw_ct_kv);
-	__type(value, struct bw_ct_kv);
-} bw_ct SEC(".maps");
+	__type(key, struct bw_ct4_key);
+	__type(value, struct bw_ct_val);
+} bw_ct_lru16 SEC(".maps");
+
+/* lbd's design: a preallocated hash of lb_ct4's layout, sized by the test. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1310720);
+	__type(key, struct bw_ct4_key);
+	__type(value, struct bw_ct_val);
+} bw_ct_hash SEC(".maps");
+
+/* The packet's IPv4 flow (no IP options: the templates have none). */
+LBD_INLINE int bw_flow4(struct xdp_md *ctx, struct bw_ct4_key *k)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+
+	if (data + 14 + 20 + 4 > data_end)
+		return -1;
+	__builtin_memcpy(&k->saddr, data + 14 + 12, 4);
+	__builtin_memcpy(&k->daddr, data + 14 + 16, 4);
+	__builtin_memcpy(&k->sport, data + 14 + 20, 2);
+	__builtin_memcpy(&k->dport, data + 14 + 22, 2);
+	k->proto = *(__u8 *)(data + 14 + 9);
+	return 0;
+}
 
 SEC("xdp")
-int bench_ct_insert(struct xdp_md *ctx)
+int bench_ct_lru_insert(struct xdp_md *ctx)
 {
-	struct bw_ct_kv k = {}, v = {};
-	__u32 zero = 0;
-	__u64 *seq = bpf_map_lookup_elem(&bw_seq, &zero);
+	struct bw_ct4_key f = {};
+	struct bw_ct_key k = {};
+	struct bw_ct_val40 v = {};
 
-	if (!seq)
+	if (bw_flow4(ctx, &f))
 		return XDP_ABORTED;
-	k.w[0] = (*seq)++;
-	k.w[1] = 0xc0a80000c6120000ULL;
-	if (bpf_map_update_elem(&bw_ct, &k, &v, BPF_ANY))
+	__builtin_memcpy(k.saddr, &f.saddr, 4);
+	__builtin_memcpy(k.daddr, &f.daddr, 4);
+	k.sport = f.sport;
+	k.dport = f.dport;
+	k.proto = f.proto;
+	k.family = 4;
+	if (bpf_map_update_elem(&bw_ct_lru, &k, &v, BPF_ANY))
+		return XDP_ABORTED;
+	return XDP_PASS;
+}
+
+SEC("xdp")
+int bench_ct_lru16_insert(struct xdp_md *ctx)
+{
+	struct bw_ct4_key k = {};
+	struct bw_ct_val v = {};
+
+	if (bw_flow4(ctx, &k) || bpf_map_update_elem(&bw_ct_lru16, &k, &v, BPF_ANY))
+		return XDP_ABORTED;
+	return XDP_PASS;
+}
+
+SEC("xdp")
+int bench_ct_hash_insert(struct xdp_md *ctx)
+{
+	struct bw_ct4_key k = {};
+	struct bw_ct_val v = {};
+
+	if (bw_flow4(ctx, &k) || bpf_map_update_elem(&bw_ct_hash, &k, &v, BPF_NOEXIST))
 		return XDP_ABORTED;
 	return XDP_PASS;
 }
@@ -123,3 +210,4 @@ int bench_pass(struct xdp_md *ctx)
 {
 	return XDP_PASS;
 }
+

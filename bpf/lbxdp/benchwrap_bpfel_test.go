@@ -13,7 +13,33 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-type benchwrapBwCtKv struct {
+type benchwrapBwCt4Key struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
+}
+
+type benchwrapBwCtKey struct {
+	_      structs.HostLayout
+	Saddr  [16]uint8
+	Daddr  [16]uint8
+	Sport  uint16
+	Dport  uint16
+	Proto  uint8
+	Family uint8
+	Pad    uint16
+}
+
+type benchwrapBwCtVal struct {
+	_ structs.HostLayout
+	W [2]uint64
+}
+
+type benchwrapBwCtVal40 struct {
 	_ structs.HostLayout
 	W [5]uint64
 }
@@ -31,13 +57,17 @@ type benchwrapBwTemplate struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	benchwrapMapBwCt           = "bw_ct"
-	benchwrapMapBwSeq          = "bw_seq"
-	benchwrapMapBwTarget       = "bw_target"
-	benchwrapMapBwTmpl         = "bw_tmpl"
-	benchwrapProgBenchCtInsert = "bench_ct_insert"
-	benchwrapProgBenchPass     = "bench_pass"
-	benchwrapProgBenchWrap     = "bench_wrap"
+	benchwrapMapBwCtHash            = "bw_ct_hash"
+	benchwrapMapBwCtLru             = "bw_ct_lru"
+	benchwrapMapBwCtLru16           = "bw_ct_lru16"
+	benchwrapMapBwSeq               = "bw_seq"
+	benchwrapMapBwTarget            = "bw_target"
+	benchwrapMapBwTmpl              = "bw_tmpl"
+	benchwrapProgBenchCtHashInsert  = "bench_ct_hash_insert"
+	benchwrapProgBenchCtLru16Insert = "bench_ct_lru16_insert"
+	benchwrapProgBenchCtLruInsert   = "bench_ct_lru_insert"
+	benchwrapProgBenchPass          = "bench_pass"
+	benchwrapProgBenchWrap          = "bench_wrap"
 )
 
 // loadBenchwrap returns the embedded CollectionSpec for benchwrap.
@@ -82,19 +112,23 @@ type benchwrapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type benchwrapProgramSpecs struct {
-	BenchCtInsert *ebpf.ProgramSpec `ebpf:"bench_ct_insert"`
-	BenchPass     *ebpf.ProgramSpec `ebpf:"bench_pass"`
-	BenchWrap     *ebpf.ProgramSpec `ebpf:"bench_wrap"`
+	BenchCtHashInsert  *ebpf.ProgramSpec `ebpf:"bench_ct_hash_insert"`
+	BenchCtLru16Insert *ebpf.ProgramSpec `ebpf:"bench_ct_lru16_insert"`
+	BenchCtLruInsert   *ebpf.ProgramSpec `ebpf:"bench_ct_lru_insert"`
+	BenchPass          *ebpf.ProgramSpec `ebpf:"bench_pass"`
+	BenchWrap          *ebpf.ProgramSpec `ebpf:"bench_wrap"`
 }
 
 // benchwrapMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type benchwrapMapSpecs struct {
-	BwCt     *ebpf.MapSpec `ebpf:"bw_ct"`
-	BwSeq    *ebpf.MapSpec `ebpf:"bw_seq"`
-	BwTarget *ebpf.MapSpec `ebpf:"bw_target"`
-	BwTmpl   *ebpf.MapSpec `ebpf:"bw_tmpl"`
+	BwCtHash  *ebpf.MapSpec `ebpf:"bw_ct_hash"`
+	BwCtLru   *ebpf.MapSpec `ebpf:"bw_ct_lru"`
+	BwCtLru16 *ebpf.MapSpec `ebpf:"bw_ct_lru16"`
+	BwSeq     *ebpf.MapSpec `ebpf:"bw_seq"`
+	BwTarget  *ebpf.MapSpec `ebpf:"bw_target"`
+	BwTmpl    *ebpf.MapSpec `ebpf:"bw_tmpl"`
 }
 
 // benchwrapVariableSpecs contains global variables before they are loaded into the kernel.
@@ -123,15 +157,19 @@ func (o *benchwrapObjects) Close() error {
 //
 // It can be passed to loadBenchwrapObjects or ebpf.CollectionSpec.LoadAndAssign.
 type benchwrapMaps struct {
-	BwCt     *ebpf.Map `ebpf:"bw_ct"`
-	BwSeq    *ebpf.Map `ebpf:"bw_seq"`
-	BwTarget *ebpf.Map `ebpf:"bw_target"`
-	BwTmpl   *ebpf.Map `ebpf:"bw_tmpl"`
+	BwCtHash  *ebpf.Map `ebpf:"bw_ct_hash"`
+	BwCtLru   *ebpf.Map `ebpf:"bw_ct_lru"`
+	BwCtLru16 *ebpf.Map `ebpf:"bw_ct_lru16"`
+	BwSeq     *ebpf.Map `ebpf:"bw_seq"`
+	BwTarget  *ebpf.Map `ebpf:"bw_target"`
+	BwTmpl    *ebpf.Map `ebpf:"bw_tmpl"`
 }
 
 func (m *benchwrapMaps) Close() error {
 	return _BenchwrapClose(
-		m.BwCt,
+		m.BwCtHash,
+		m.BwCtLru,
+		m.BwCtLru16,
 		m.BwSeq,
 		m.BwTarget,
 		m.BwTmpl,
@@ -148,14 +186,18 @@ type benchwrapVariables struct {
 //
 // It can be passed to loadBenchwrapObjects or ebpf.CollectionSpec.LoadAndAssign.
 type benchwrapPrograms struct {
-	BenchCtInsert *ebpf.Program `ebpf:"bench_ct_insert"`
-	BenchPass     *ebpf.Program `ebpf:"bench_pass"`
-	BenchWrap     *ebpf.Program `ebpf:"bench_wrap"`
+	BenchCtHashInsert  *ebpf.Program `ebpf:"bench_ct_hash_insert"`
+	BenchCtLru16Insert *ebpf.Program `ebpf:"bench_ct_lru16_insert"`
+	BenchCtLruInsert   *ebpf.Program `ebpf:"bench_ct_lru_insert"`
+	BenchPass          *ebpf.Program `ebpf:"bench_pass"`
+	BenchWrap          *ebpf.Program `ebpf:"bench_wrap"`
 }
 
 func (p *benchwrapPrograms) Close() error {
 	return _BenchwrapClose(
-		p.BenchCtInsert,
+		p.BenchCtHashInsert,
+		p.BenchCtLru16Insert,
+		p.BenchCtLruInsert,
 		p.BenchPass,
 		p.BenchWrap,
 	)

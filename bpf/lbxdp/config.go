@@ -27,6 +27,15 @@ type Config struct {
 	TCPEstablishedTimeout time.Duration
 	TCPClosingTimeout     time.Duration
 	UDPTimeout            time.Duration
+	// TentativeTimeout applies to an entry created by a packet other than a TCP
+	// SYN (a mid-connection TCP packet, a first UDP datagram) until a later packet
+	// of the flow confirms it.
+	TentativeTimeout time.Duration
+	// GuardRate is the flood guard: how many new flows a second each CPU records
+	// in conntrack. Past it, new flows are balanced by the Maglev table alone
+	// (and counted, CTGuardSkipped), so that a flood of new sources cannot fill
+	// the table. 0: no limit.
+	GuardRate uint32
 }
 
 // DefaultConfig is written when Load creates a fresh config map.
@@ -37,8 +46,14 @@ func DefaultConfig() Config {
 		TCPEstablishedTimeout: 6 * time.Hour,
 		TCPClosingTimeout:     10 * time.Second,
 		UDPTimeout:            60 * time.Second,
+		TentativeTimeout:      5 * time.Second,
+		GuardRate:             DefaultGuardRate,
 	}
 }
+
+// DefaultGuardRate is the default of Config.GuardRate: far above what one CPU
+// sees of legitimate new flows on most edges, far below what it forwards.
+const DefaultGuardRate = 100000
 
 func seconds(d time.Duration) (uint32, error) {
 	s := d / time.Second
@@ -53,7 +68,7 @@ func (d *Datapath) SetConfig(c Config) error {
 	if c.VNI >= 1<<24 {
 		return fmt.Errorf("set config: VNI %d: %w", c.VNI, ErrRange)
 	}
-	v := lbxdpLbConfig{HashSeed: c.HashSeed, Vni: c.VNI}
+	v := lbxdpLbConfig{HashSeed: c.HashSeed, Vni: c.VNI, CtGuardRate: c.GuardRate}
 	if c.Source4.IsValid() {
 		if !c.Source4.Is4() {
 			return fmt.Errorf("set config: source4 %v: %w", c.Source4, ErrFamily)
@@ -70,7 +85,7 @@ func (d *Datapath) SetConfig(c Config) error {
 	for _, t := range []struct {
 		dst *uint32
 		d   time.Duration
-	}{{&v.TcpSynTimeout, c.TCPSynTimeout}, {&v.TcpEstTimeout, c.TCPEstablishedTimeout}, {&v.TcpCloseTimeout, c.TCPClosingTimeout}, {&v.UdpTimeout, c.UDPTimeout}} {
+	}{{&v.TcpSynTimeout, c.TCPSynTimeout}, {&v.TcpEstTimeout, c.TCPEstablishedTimeout}, {&v.TcpCloseTimeout, c.TCPClosingTimeout}, {&v.UdpTimeout, c.UDPTimeout}, {&v.TentativeTimeout, c.TentativeTimeout}} {
 		if *t.dst, err = seconds(t.d); err != nil {
 			return fmt.Errorf("set config: %w", err)
 		}
@@ -116,6 +131,8 @@ func (d *Datapath) Config() (Config, error) {
 		TCPEstablishedTimeout: time.Duration(v.TcpEstTimeout) * time.Second,
 		TCPClosingTimeout:     time.Duration(v.TcpCloseTimeout) * time.Second,
 		UDPTimeout:            time.Duration(v.UdpTimeout) * time.Second,
+		TentativeTimeout:      time.Duration(v.TentativeTimeout) * time.Second,
+		GuardRate:             v.CtGuardRate,
 	}
 	if v.Src4 != [4]byte{} {
 		c.Source4 = netip.AddrFrom4(v.Src4)

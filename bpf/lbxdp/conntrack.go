@@ -3,6 +3,7 @@
 package lbxdp
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -44,36 +45,81 @@ func (s CTState) String() string {
 	return fmt.Sprintf("state(%d)", uint8(s))
 }
 
-// CTEntry is one conntrack entry. Times are on the MonotonicNow clock.
+// CTEntry is one conntrack entry. Times are on the MonotonicNow clock, to the
+// second: the datapath keeps whole seconds.
 type CTEntry struct {
 	Flow      Flow
 	BackendID uint32
 	ServiceID uint32
 	State     CTState
-	Created   time.Duration
+	// Tentative: created by a packet other than a TCP SYN and not confirmed by
+	// a later packet yet; the short tentative timeout applies.
+	Tentative bool
 	LastSeen  time.Duration
+	// ExpiresAt is the first instant at which the datapath no longer uses the
+	// entry: LastSeen + the timeout of its state (Config) + the second that
+	// LastSeen was rounded down from. Read-only: RestoreConntrack ignores it.
 	ExpiresAt time.Duration
 }
 
 // Expired reports whether the entry is past its lifetime at now.
-func (e CTEntry) Expired(now time.Duration) bool { return now > e.ExpiresAt }
+func (e CTEntry) Expired(now time.Duration) bool { return now >= e.ExpiresAt }
 
-func (f Flow) raw() (lbxdpLbCtKey, error) {
-	s, fam, err := addrBytes(f.Src.Addr())
-	if err != nil {
-		return lbxdpLbCtKey{}, err
-	}
-	dst, dfam, err := addrBytes(f.Dst.Addr())
-	if err != nil {
-		return lbxdpLbCtKey{}, err
-	}
-	if fam != dfam {
-		return lbxdpLbCtKey{}, fmt.Errorf("flow %v -> %v: %w", f.Src, f.Dst, ErrFamily)
-	}
-	return lbxdpLbCtKey{Saddr: s, Daddr: dst, Sport: htons(f.Src.Port()), Dport: htons(f.Dst.Port()), Proto: f.Proto, Family: fam}, nil
+// ctTimeouts are the conntrack timeouts of a Config in the datapath's seconds.
+type ctTimeouts struct {
+	syn, est, closing, udp, tentative uint32
 }
 
-func flowFromRaw(k *lbxdpLbCtKey) Flow {
+// timeouts reads the config's conntrack timeouts.
+func (d *Datapath) timeouts() (ctTimeouts, error) {
+	var v lbxdpLbConfig
+	if err := d.objs.LbCfg.Lookup(uint32(0), &v); err != nil {
+		return ctTimeouts{}, fmt.Errorf("read conntrack timeouts: %w", err)
+	}
+	return ctTimeouts{v.TcpSynTimeout, v.TcpEstTimeout, v.TcpCloseTimeout, v.UdpTimeout, v.TentativeTimeout}, nil
+}
+
+// of returns the timeout of an entry in seconds, as lb_ct_timeout does.
+func (t ctTimeouts) of(v *lbxdpLbCt) uint32 {
+	if v.Flags&ctTentative != 0 {
+		return t.tentative
+	}
+	switch CTState(v.State) {
+	case CTSyn:
+		return t.syn
+	case CTEstablished:
+		return t.est
+	case CTClosing:
+		return t.closing
+	}
+	return t.udp
+}
+
+// expired reports whether the datapath treats the entry as gone at now, as
+// lb_ct_usable computes it.
+func (t ctTimeouts) expired(v *lbxdpLbCt, now time.Duration) bool {
+	return int32(uint32(now/time.Second)-v.LastSeen) > int32(t.of(v))
+}
+
+// ctTentative mirrors LB_CT_F_TENTATIVE.
+const ctTentative = 1 << 0
+
+// ctKey is the key of one of the conntrack maps: lb_ct4's for IPv4 flows,
+// lb_ct6's (lb_ct_key) for IPv6 ones.
+type ctKey interface {
+	lbxdpLbCt4Key | lbxdpLbCtKey
+	flow() Flow
+}
+
+func (k lbxdpLbCt4Key) flow() Flow {
+	return Flow{
+		Src:   netip.AddrPortFrom(netip.AddrFrom4(be32Bytes(k.Saddr)), htons(k.Sport)),
+		Dst:   netip.AddrPortFrom(netip.AddrFrom4(be32Bytes(k.Daddr)), htons(k.Dport)),
+		Proto: k.Proto,
+	}
+}
+
+func (k lbxdpLbCtKey) flow() Flow {
 	return Flow{
 		Src:   netip.AddrPortFrom(bytesAddr(k.Saddr, k.Family), htons(k.Sport)),
 		Dst:   netip.AddrPortFrom(bytesAddr(k.Daddr, k.Family), htons(k.Dport)),
@@ -81,32 +127,71 @@ func flowFromRaw(k *lbxdpLbCtKey) Flow {
 	}
 }
 
-func entryFromRaw(k *lbxdpLbCtKey, v *lbxdpLbCt) CTEntry {
+// be32Bytes is a __be32 as the generated code holds it (read in host order) back
+// to its bytes.
+func be32Bytes(v uint32) [4]byte {
+	var b [4]byte
+	binary.NativeEndian.PutUint32(b[:], v)
+	return b
+}
+
+// keys sorts flows into the keys of the two maps.
+type ctKeys struct {
+	v4 []lbxdpLbCt4Key
+	v6 []lbxdpLbCtKey
+}
+
+func (ks *ctKeys) add(f Flow) error {
+	src, fam, err := addrBytes(f.Src.Addr())
+	if err != nil {
+		return err
+	}
+	dst, dfam, err := addrBytes(f.Dst.Addr())
+	if err != nil {
+		return err
+	}
+	if fam != dfam {
+		return fmt.Errorf("flow %v -> %v: %w", f.Src, f.Dst, ErrFamily)
+	}
+	if fam == familyV4 {
+		ks.v4 = append(ks.v4, lbxdpLbCt4Key{
+			Saddr: binary.NativeEndian.Uint32(src[:4]), Daddr: binary.NativeEndian.Uint32(dst[:4]),
+			Sport: htons(f.Src.Port()), Dport: htons(f.Dst.Port()), Proto: f.Proto,
+		})
+		return nil
+	}
+	ks.v6 = append(ks.v6, lbxdpLbCtKey{Saddr: src, Daddr: dst, Sport: htons(f.Src.Port()),
+		Dport: htons(f.Dst.Port()), Proto: f.Proto, Family: familyV6})
+	return nil
+}
+
+func (t ctTimeouts) entry(f Flow, v *lbxdpLbCt) CTEntry {
 	return CTEntry{
-		Flow:      flowFromRaw(k),
+		Flow:      f,
 		BackendID: v.BackendId,
 		ServiceID: v.ServiceId,
 		State:     CTState(v.State),
-		Created:   time.Duration(v.CreatedNs),
-		LastSeen:  time.Duration(v.LastSeenNs),
-		ExpiresAt: time.Duration(v.ExpiresNs),
+		Tentative: v.Flags&ctTentative != 0,
+		LastSeen:  time.Duration(v.LastSeen) * time.Second,
+		ExpiresAt: time.Duration(uint64(v.LastSeen)+uint64(t.of(v))+1) * time.Second,
 	}
 }
 
 // conntrackBatch is how many entries one batch syscall moves.
 const conntrackBatch = 4096
 
-// Conntrack calls fn for every conntrack entry, reading the map in batches,
-// until fn returns false. Entries added or removed meanwhile may or may not be
-// seen.
-func (d *Datapath) Conntrack(fn func(CTEntry) bool) error {
-	keys := make([]lbxdpLbCtKey, conntrackBatch)
+// scanCT reads a conntrack map in batches and calls fn for every entry until fn
+// returns false. A batch lookup walks the hash bucket by bucket under the bucket's
+// lock: entries added or removed meanwhile never make it start over or give up,
+// and none is seen twice.
+func scanCT[K ctKey](m *ebpf.Map, fn func(*K, *lbxdpLbCt) bool) error {
+	keys := make([]K, conntrackBatch)
 	vals := make([]lbxdpLbCt, conntrackBatch)
 	var cursor ebpf.MapBatchCursor
 	for {
-		n, err := d.objs.LbConntrack.BatchLookup(&cursor, keys, vals, nil)
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
 		for i := range n {
-			if !fn(entryFromRaw(&keys[i], &vals[i])) {
+			if !fn(&keys[i], &vals[i]) {
 				return nil
 			}
 		}
@@ -119,45 +204,80 @@ func (d *Datapath) Conntrack(fn func(CTEntry) bool) error {
 	}
 }
 
+// Conntrack calls fn for every conntrack entry, IPv4 flows first, reading the maps
+// in batches, until fn returns false. Entries added or removed meanwhile may or may
+// not be seen.
+func (d *Datapath) Conntrack(fn func(CTEntry) bool) error {
+	t, err := d.timeouts()
+	if err != nil {
+		return err
+	}
+	more := true
+	err = scanCT(d.objs.LbCt4, func(k *lbxdpLbCt4Key, v *lbxdpLbCt) bool {
+		more = fn(t.entry(k.flow(), v))
+		return more
+	})
+	if err != nil || !more {
+		return err
+	}
+	return scanCT(d.objs.LbCt6, func(k *lbxdpLbCtKey, v *lbxdpLbCt) bool { return fn(t.entry(k.flow(), v)) })
+}
+
 // ConntrackLookup returns the entry of one flow; ok is false if there is none.
 func (d *Datapath) ConntrackLookup(f Flow) (e CTEntry, ok bool, err error) {
-	k, err := f.raw()
+	var ks ctKeys
+	if err := ks.add(f); err != nil {
+		return CTEntry{}, false, fmt.Errorf("look up conntrack: %w", err)
+	}
+	t, err := d.timeouts()
+	if err != nil {
+		return CTEntry{}, false, err
+	}
+	var v lbxdpLbCt
+	if len(ks.v4) > 0 {
+		err = d.objs.LbCt4.Lookup(&ks.v4[0], &v)
+	} else {
+		err = d.objs.LbCt6.Lookup(&ks.v6[0], &v)
+	}
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return CTEntry{}, false, nil
+	}
 	if err != nil {
 		return CTEntry{}, false, fmt.Errorf("look up conntrack: %w", err)
 	}
-	var v lbxdpLbCt
-	if err := d.objs.LbConntrack.Lookup(&k, &v); err != nil {
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return CTEntry{}, false, nil
-		}
-		return CTEntry{}, false, fmt.Errorf("look up conntrack: %w", err)
-	}
-	return entryFromRaw(&k, &v), true, nil
+	return t.entry(f, &v), true, nil
 }
 
 // DeleteConntrack deletes the entries of the given flows in batches and
 // returns how many existed.
 func (d *Datapath) DeleteConntrack(flows []Flow) (int, error) {
-	keys := make([]lbxdpLbCtKey, 0, len(flows))
+	var ks ctKeys
 	for _, f := range flows {
-		k, err := f.raw()
-		if err != nil {
+		if err := ks.add(f); err != nil {
 			return 0, fmt.Errorf("delete conntrack: %w", err)
 		}
-		keys = append(keys, k)
 	}
-	return d.deleteCTKeys(keys)
+	return d.deleteCT(ks)
+}
+
+func (d *Datapath) deleteCT(ks ctKeys) (int, error) {
+	n4, err := deleteCTKeys(d.objs.LbCt4, ks.v4)
+	if err != nil {
+		return n4, err
+	}
+	n6, err := deleteCTKeys(d.objs.LbCt6, ks.v6)
+	return n4 + n6, err
 }
 
 // deleteCTKeys deletes keys in batches. A batch stops at the first missing key
-// (the LRU may have evicted it meanwhile), so the rest of that batch is
-// retried one by one.
-func (d *Datapath) deleteCTKeys(keys []lbxdpLbCtKey) (int, error) {
+// (the collector or another caller may have deleted it meanwhile), so the rest
+// of that batch is retried one by one.
+func deleteCTKeys[K ctKey](m *ebpf.Map, keys []K) (int, error) {
 	deleted := 0
 	for len(keys) > 0 {
 		chunk := keys[:min(len(keys), conntrackBatch)]
 		keys = keys[len(chunk):]
-		n, err := d.objs.LbConntrack.BatchDelete(chunk, nil)
+		n, err := m.BatchDelete(chunk, nil)
 		deleted += n
 		if err == nil {
 			continue
@@ -166,7 +286,7 @@ func (d *Datapath) deleteCTKeys(keys []lbxdpLbCtKey) (int, error) {
 			return deleted, fmt.Errorf("delete conntrack: %w", err)
 		}
 		for i := n + 1; i < len(chunk); i++ {
-			err := d.objs.LbConntrack.Delete(&chunk[i])
+			err := m.Delete(&chunk[i])
 			if err == nil {
 				deleted++
 			} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
@@ -178,23 +298,19 @@ func (d *Datapath) deleteCTKeys(keys []lbxdpLbCtKey) (int, error) {
 }
 
 // DeleteConntrackWhere deletes every entry for which match returns true and
-// returns how many were deleted. The garbage collector passes an expiry test;
-// disabling a backend passes a backend-ID test.
+// returns how many were deleted. Disabling a backend passes a backend-ID test.
 func (d *Datapath) DeleteConntrackWhere(match func(CTEntry) bool) (int, error) {
-	var keys []lbxdpLbCtKey
+	var ks ctKeys
 	err := d.Conntrack(func(e CTEntry) bool {
 		if match(e) {
-			k, err := e.Flow.raw()
-			if err == nil {
-				keys = append(keys, k)
-			}
+			_ = ks.add(e.Flow) // a listed flow always has a valid key
 		}
 		return true
 	})
 	if err != nil {
 		return 0, err
 	}
-	return d.deleteCTKeys(keys)
+	return d.deleteCT(ks)
 }
 
 // DeleteConntrackByBackend deletes the entries of flows pinned to any of ids.

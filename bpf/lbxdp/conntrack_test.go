@@ -139,12 +139,13 @@ func TestConntrackStates(t *testing.T) {
 		if ent.State != s.state {
 			t.Fatalf("%s: state %v, want %v", s.name, ent.State, s.state)
 		}
-		// Refreshes happen at most once a second, so allow that much slack.
-		if life := ent.ExpiresAt - ent.LastSeen; life != s.timeout {
-			t.Errorf("%s: lifetime %v, want %v", s.name, life, s.timeout)
+		// Times are whole seconds: the entry lives until the end of the second
+		// its timeout ends in.
+		if life := ent.ExpiresAt - ent.LastSeen; life != s.timeout+time.Second {
+			t.Errorf("%s: lifetime %v, want %v + 1s", s.name, life, s.timeout)
 		}
-		if ent.LastSeen < before-2*time.Second || ent.LastSeen > MonotonicNow() || ent.Created > ent.LastSeen {
-			t.Errorf("%s: timestamps created %v last %v around now %v", s.name, ent.Created, ent.LastSeen, before)
+		if ent.LastSeen < before-2*time.Second || ent.LastSeen > MonotonicNow() || ent.Tentative {
+			t.Errorf("%s: last seen %v around now %v, tentative %v", s.name, ent.LastSeen, before, ent.Tentative)
 		}
 		if ent.BackendID != 1 || ent.ServiceID != 1 {
 			t.Errorf("%s: entry %+v", s.name, ent)
@@ -158,44 +159,53 @@ func TestConntrackStates(t *testing.T) {
 	if ent := e.ct(t, base); ent.State != CTSyn || ent.BackendID != 2 {
 		t.Errorf("re-balanced entry %+v", ent)
 	}
-	// RST closes too; a mid-flow packet without entry starts established.
+	// RST closes too; a mid-flow packet without entry starts established, but
+	// tentative until another packet confirms it.
 	rst := pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 3001, DstPort: 80, Flags: pktgen.RST}
 	e.sendTo(t, rst)
 	if ent := e.ct(t, rst); ent.State != CTClosing {
 		t.Errorf("RST: state %v", ent.State)
 	}
 	mid := pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 3002, DstPort: 80, Flags: pktgen.ACK}
-	e.sendTo(t, mid)
-	if ent := e.ct(t, mid); ent.State != CTEstablished {
-		t.Errorf("mid-flow pickup: state %v", ent.State)
-	}
 	udp := pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 3003, DstPort: 53, Proto: ProtoUDP}
-	e.sendTo(t, udp)
-	if ent := e.ct(t, udp); ent.State != CTOther || ent.ExpiresAt-ent.LastSeen != cfg.UDPTimeout {
-		t.Errorf("UDP entry %+v", ent)
+	for _, c := range []struct {
+		name    string
+		p       pktgen.Packet
+		state   CTState
+		timeout time.Duration
+	}{{"mid-flow pickup", mid, CTEstablished, cfg.TCPEstablishedTimeout}, {"UDP", udp, CTOther, cfg.UDPTimeout}} {
+		e.sendTo(t, c.p)
+		if ent := e.ct(t, c.p); ent.State != c.state || !ent.Tentative || ent.ExpiresAt-ent.LastSeen != cfg.TentativeTimeout+time.Second {
+			t.Errorf("%s: first packet's entry %+v, want %v, tentative for %v", c.name, ent, c.state, cfg.TentativeTimeout)
+		}
+		e.sendTo(t, c.p)
+		if ent := e.ct(t, c.p); ent.State != c.state || ent.Tentative || ent.ExpiresAt-ent.LastSeen != c.timeout+time.Second {
+			t.Errorf("%s: confirmed entry %+v, want %v for %v", c.name, ent, c.state, c.timeout)
+		}
 	}
 }
 
 // TestConntrackExpiry: an entry past its lifetime no longer pins the flow.
 func TestConntrackExpiry(t *testing.T) {
 	e := ctEnv(t)
-	cfg := DefaultConfig()
-	cfg.Source4, cfg.Source6 = src4, src6
-	cfg.UDPTimeout = 0 // entries expire as soon as they are written
-	if err := e.d.SetConfig(cfg); err != nil {
-		t.Fatal(err)
-	}
 	udp := pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 4000, DstPort: 53, Proto: ProtoUDP}
 	if got := e.sendTo(t, udp); got != beA {
 		t.Fatalf("went to %v", got)
+	}
+	// The flow was last seen just over its timeout ago.
+	ent := e.ct(t, udp)
+	ent.Tentative = false
+	ent.LastSeen = MonotonicNow() - DefaultConfig().UDPTimeout - 2*time.Second
+	if _, err := e.d.RestoreConntrack([]CTEntry{ent}); err != nil {
+		t.Fatal(err)
 	}
 	e.setTable(t, 2, []uint32{2}, 31)
 	if got := e.sendTo(t, udp); got != beB {
 		t.Errorf("expired entry still pinned the flow to %v", got)
 	}
-	n, err := e.d.DeleteConntrackWhere(func(c CTEntry) bool { return c.Expired(MonotonicNow()) })
-	if err != nil || n != 1 {
-		t.Errorf("GC of expired entries deleted %d (%v), want 1", n, err)
+	// The packet replaced the expired entry with a new one.
+	if ent := e.ct(t, udp); ent.BackendID != 2 || !ent.Tentative || ent.Expired(MonotonicNow()) {
+		t.Errorf("entry after re-balancing %+v", ent)
 	}
 }
 
@@ -239,30 +249,33 @@ func TestConntrackListDelete(t *testing.T) {
 func TestSweepKeepsRefreshedEntries(t *testing.T) {
 	e := newEnv(t)
 	now := MonotonicNow()
-	entry := func(port uint16, expires time.Duration) CTEntry {
+	entry := func(port uint16, lastSeen time.Duration) CTEntry {
 		return CTEntry{Flow: Flow{Src: netip.AddrPortFrom(client4, port), Dst: netip.AddrPortFrom(vip4, 80), Proto: ProtoTCP},
-			BackendID: 1, ServiceID: 1, State: CTEstablished, Created: now - time.Hour, LastSeen: now - time.Hour, ExpiresAt: expires}
+			BackendID: 1, ServiceID: 1, State: CTEstablished, LastSeen: lastSeen}
 	}
-	stale, fresh := entry(1001, now-time.Minute), entry(1002, now-time.Minute)
+	idle := DefaultConfig().TCPEstablishedTimeout + time.Minute
+	stale, fresh := entry(1001, now-idle), entry(1002, now-idle)
 	if _, err := e.d.RestoreConntrack([]CTEntry{stale, fresh}); err != nil {
 		t.Fatal(err)
 	}
-	keys := make([]lbxdpLbCtKey, 0, 2)
+	var ks ctKeys
 	for _, f := range []Flow{stale.Flow, fresh.Flow} {
-		k, err := f.raw()
-		if err != nil {
+		if err := ks.add(f); err != nil {
 			t.Fatal(err)
 		}
-		keys = append(keys, k)
 	}
 	// A packet of the second flow comes after the read: a new entry, far from expiry.
 	if _, err := e.d.DeleteConntrackWhere(func(c CTEntry) bool { return c.Flow == fresh.Flow }); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.d.RestoreConntrack([]CTEntry{entry(1002, now+time.Hour)}); err != nil {
+	if _, err := e.d.RestoreConntrack([]CTEntry{entry(1002, now)}); err != nil {
 		t.Fatal(err)
 	}
-	n, err := e.d.deleteExpired(keys, now)
+	tm, err := e.d.timeouts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := deleteMatching(e.d.objs.LbCt4, ks.v4, func(v *lbxdpLbCt) bool { return tm.expired(v, now) })
 	if err != nil || n != 1 {
 		t.Fatalf("deleted %d (%v), want 1", n, err)
 	}

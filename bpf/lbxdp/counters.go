@@ -132,3 +132,54 @@ func (d *Datapath) ResetBackendCounters(backendID uint32) error {
 	}
 	return nil
 }
+
+// CTEvent is something conntrack did; mirrors enum lb_ct_event, then the events
+// the collector counts.
+type CTEvent uint32
+
+// Conntrack events.
+const (
+	CTInserted     CTEvent = iota // a new flow got an entry
+	CTTentative                   // ... of which a tentative one (first packet not a TCP SYN)
+	CTConfirmed                   // a later packet confirmed a tentative entry
+	CTGuardSkipped                // a new flow was balanced without an entry: the guard was engaged
+	CTGuardEngaged                // a CPU's new-flow rate crossed Config.GuardRate (once a second at most)
+	CTInsertFailed                // no entry could be written (the map was full)
+	ctKernelEvents
+	CTReclaimed = ctKernelEvents // live entries the collector deleted to give the headroom back
+	ctEvents    = CTReclaimed + 1
+)
+
+var ctEventNames = [...]string{"inserted", "tentative", "confirmed", "guard_skipped", "guard_engaged", "insert_failed", "reclaimed"}
+
+func (e CTEvent) String() string {
+	if e < ctEvents {
+		return ctEventNames[e]
+	}
+	return fmt.Sprintf("ct_event(%d)", uint32(e))
+}
+
+// CTEventCount is one event's count since the datapath's maps were created (the
+// collector's since this Datapath was loaded).
+type CTEventCount struct {
+	Event CTEvent
+	Count uint64
+}
+
+// ConntrackEvents returns every event's count, in order. Safe to call while
+// another goroutine sweeps.
+func (d *Datapath) ConntrackEvents() ([]CTEventCount, error) {
+	out := make([]CTEventCount, 0, ctEvents)
+	for e := range ctKernelEvents {
+		var per []uint64
+		if err := d.objs.LbCtStats.Lookup(uint32(e), &per); err != nil {
+			return nil, fmt.Errorf("read conntrack event %v: %w", e, err)
+		}
+		var n uint64
+		for _, p := range per {
+			n += p
+		}
+		out = append(out, CTEventCount{e, n})
+	}
+	return append(out, CTEventCount{CTReclaimed, d.ctReclaimed.Load()}), nil
+}

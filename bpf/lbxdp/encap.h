@@ -207,8 +207,9 @@ LBD_INLINE int lb_encap(struct xdp_md *ctx, struct lb_pkt *pk, const struct lb_b
 		if ((void *)(udp + 1) > data_end)
 			return lb_drop(pk, LB_DROP_INTERNAL);
 		eth->proto = bpf_htons(LBD_ETH_P_IPV6);
-		/* The flow label spreads tunnelled flows over fabric ECMP like the port. */
-		ip6->ver_tc_flow = bpf_htonl((6U << 28) | ((__u32)pk->p.tos << 20) | (pk->hash & 0xfffff));
+		/* The flow label spreads tunnelled flows over fabric ECMP like the port:
+		 * the hash's low 16 bits, all that a conntrack entry keeps of it. */
+		ip6->ver_tc_flow = bpf_htonl((6U << 28) | ((__u32)pk->p.tos << 20) | (pk->hash & 0xffff));
 		ip6->payload_len = bpf_htons(udp_len);
 		ip6->nexthdr = LBD_IPPROTO_UDP;
 		ip6->hop_limit = 64;
@@ -217,7 +218,7 @@ LBD_INLINE int lb_encap(struct xdp_md *ctx, struct lb_pkt *pk, const struct lb_b
 		sum = lbd_csum_pseudo6(ip6->saddr, ip6->daddr, LBD_IPPROTO_UDP, udp_len);
 	}
 
-	udp->source = bpf_htons(LBD_SPORT_MIN + (pk->hash % LBD_SPORT_RANGE));
+	udp->source = bpf_htons(LBD_SPORT_MIN + ((pk->hash & 0xffff) % LBD_SPORT_RANGE));
 	udp->dest = bpf_htons(LBD_GENEVE_PORT);
 	udp->len = bpf_htons(udp_len);
 	udp->check = 0;

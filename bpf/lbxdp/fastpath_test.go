@@ -227,21 +227,12 @@ func TestConntrackHash(t *testing.T) {
 			t.Fatalf("verdict %v", v)
 		}
 		port := pktgen.DecodeGeneve(t, out).UDP.SrcPort
-		k, err := flowOf(syn).raw()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var raw lbxdpLbCt
-		if err := e.d.objs.LbConntrack.Lookup(&k, &raw); err != nil {
-			t.Fatal(err)
-		}
+		raw := e.rawCT(t, flowOf(syn))
 		if raw.Hash == 0 || uint16(32768+raw.Hash%32768) != uint16(port) {
 			t.Errorf("%v: entry hash %#x, outer source port %d", syn.Dst, raw.Hash, port)
 		}
 		raw.Hash = 0
-		if err := e.d.objs.LbConntrack.Update(&k, &raw, ebpf.UpdateExist); err != nil {
-			t.Fatal(err)
-		}
+		e.setRawCT(t, flowOf(syn), raw)
 		v, out = e.run(t, ackOf(syn).Frame())
 		if v != XDPTx {
 			t.Fatalf("verdict %v", v)

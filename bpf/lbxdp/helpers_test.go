@@ -83,8 +83,13 @@ type env struct {
 
 func newEnv(tb testing.TB) *env {
 	tb.Helper()
+	return newEnvWith(tb, Options{ConntrackSize: 65536, MaxBackends: 1024, MaxServices: 256})
+}
+
+func newEnvWith(tb testing.TB, opts Options) *env {
+	tb.Helper()
 	t := newTopo(tb)
-	return &env{topo: t, d: loadDatapath(tb, Options{ConntrackSize: 65536, MaxBackends: 1024, MaxServices: 256})}
+	return &env{topo: t, d: loadDatapath(tb, opts)}
 }
 
 func loadDatapath(tb testing.TB, opts Options) *Datapath {
@@ -164,5 +169,38 @@ func (e *env) expectDrop(tb testing.TB, frame []byte, reason DropReason) {
 	}
 	if after := e.drops(tb)[reason].Packets; after != before+1 {
 		tb.Fatalf("drop counter %v: %d -> %d, want +1", reason, before, after)
+	}
+}
+
+// ctMapKey returns the conntrack map of a flow's family and the flow's key in it.
+func (e *env) ctMapKey(tb testing.TB, f Flow) (*ebpf.Map, any) {
+	tb.Helper()
+	var ks ctKeys
+	if err := ks.add(f); err != nil {
+		tb.Fatal(err)
+	}
+	if len(ks.v4) > 0 {
+		return e.d.objs.LbCt4, &ks.v4[0]
+	}
+	return e.d.objs.LbCt6, &ks.v6[0]
+}
+
+// rawCT reads a flow's conntrack value as the datapath stores it.
+func (e *env) rawCT(tb testing.TB, f Flow) lbxdpLbCt {
+	tb.Helper()
+	m, k := e.ctMapKey(tb, f)
+	var v lbxdpLbCt
+	if err := m.Lookup(k, &v); err != nil {
+		tb.Fatal(err)
+	}
+	return v
+}
+
+// setRawCT overwrites a flow's existing conntrack value.
+func (e *env) setRawCT(tb testing.TB, f Flow, v lbxdpLbCt) {
+	tb.Helper()
+	m, k := e.ctMapKey(tb, f)
+	if err := m.Update(k, &v, ebpf.UpdateExist); err != nil {
+		tb.Fatal(err)
 	}
 }

@@ -101,7 +101,7 @@ LBD_INLINE int lb_icmp_error(struct xdp_md *ctx, struct lb_pkt *pk)
 		return lb_drop(pk, LB_DROP_INTERNAL);
 	pk->hash = lb_hash_flow(&pk->flow, cfg->hash_seed);
 	be = NULL;
-	ct = bpf_map_lookup_elem(&lb_conntrack, &pk->flow);
+	ct = lb_ct_lookup(pk);
 	if (ct)
 		be = lb_backend_get(ct->backend_id);
 	if (!be) {

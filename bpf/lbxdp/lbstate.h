@@ -97,18 +97,23 @@ LBD_INLINE __u32 lb_maglev_pick(const struct lb_service *svc, __u32 hash)
 	return slot ? *slot : 0;
 }
 
-LBD_INLINE struct lb_service *lb_service_get(struct lb_service_key *sk, const struct lb_vip *vip)
+/* The all-ports service of the key's VIP and protocol, if the VIP has one. */
+LBD_INLINE struct lb_service *lb_service_wild(struct lb_service_key *sk, const struct lb_vip *vip)
 {
-	struct lb_service *svc = bpf_map_lookup_elem(&lb_services, sk);
-	__u16 wild;
+	__u16 wild = sk->proto == LBD_IPPROTO_TCP ? vip->wild_tcp : vip->wild_udp;
 
-	if (svc)
-		return svc;
-	wild = sk->proto == LBD_IPPROTO_TCP ? vip->wild_tcp : vip->wild_udp;
 	if (!wild)
 		return NULL;
 	sk->port = 0;
 	return bpf_map_lookup_elem(&lb_services, sk);
+}
+
+/* The service of the key: the one of its port, else the all-ports one. */
+LBD_INLINE struct lb_service *lb_service_get(struct lb_service_key *sk, const struct lb_vip *vip)
+{
+	struct lb_service *svc = bpf_map_lookup_elem(&lb_services, sk);
+
+	return svc ? svc : lb_service_wild(sk, vip);
 }
 
 #endif

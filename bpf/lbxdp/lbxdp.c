@@ -51,13 +51,33 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb_vip_filter SEC(".maps");
 
+/* Conntrack, one map per family (see conntrack.h): IPv4 flows in a preallocated
+ * hash, IPv6 flows in one that allocates entries as they come, so that a node
+ * without IPv6 clients does not hold a table for them. Neither is an LRU. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, LB_DEFAULT_CT_SIZE);
+	__type(key, struct lb_ct4_key);
+	__type(value, struct lb_ct);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_ct4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LB_DEFAULT_CT_SIZE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct lb_ct_key);
 	__type(value, struct lb_ct);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} lb_conntrack SEC(".maps");
+} lb_ct6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, LB_CT_EV_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_ct_stats SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -159,21 +179,28 @@ LBD_INLINE void lb_count(void *map, __u32 id, __u32 bytes, __u32 new_flow)
 	}
 }
 
-/* CLOCK_MONOTONIC_COARSE in nanoseconds: CLOCK_MONOTONIC as of the last tick,
- * all that timeouts in seconds need. */
-LBD_INLINE __u64 lb_now(void)
+/* This CPU's clock, brought to the current tick: CLOCK_MONOTONIC_COARSE
+ * (CLOCK_MONOTONIC as of the last tick), all that timeouts in seconds need. */
+LBD_INLINE struct lb_clock *lb_tick(void)
 {
 	__u32 zero = 0;
 	struct lb_clock *c = bpf_map_lookup_elem(&lb_clock, &zero);
 	__u64 j = bpf_jiffies64();
 
-	if (!c)
-		return bpf_ktime_get_coarse_ns();
-	if (c->jiffies != j) {
+	if (c && c->jiffies != j) {
 		c->jiffies = j;
 		c->ns = bpf_ktime_get_coarse_ns();
+		c->sec = c->ns / LBD_NSEC_PER_SEC;
 	}
-	return c->ns;
+	return c;
+}
+
+/* The coarse clock in nanoseconds. */
+LBD_INLINE __u64 lb_now(void)
+{
+	struct lb_clock *c = lb_tick();
+
+	return c ? c->ns : bpf_ktime_get_coarse_ns();
 }
 
 LBD_INLINE struct lb_config *lb_config_get(void)
@@ -214,10 +241,11 @@ LBD_INLINE int lb_handle_vip(struct xdp_md *ctx, struct lb_pkt *pk)
 	struct lb_config *cfg;
 	struct lb_vip *vip;
 	struct lb_ct *ct = NULL;
+	struct lb_clock *clk;
 	struct lb_route *rt;
 	__u32 be_id = 0, hdr, new_flow = 0;
 	__u64 now;
-	int r, syn;
+	int r, syn, stale = 0;
 
 	if (pk->p.frag != LBD_FRAG_NONE)
 		return lb_vip_get(&pk->flow) ? lb_drop(pk, LB_DROP_FRAGMENT) : XDP_PASS;
@@ -257,34 +285,41 @@ LBD_INLINE int lb_handle_vip(struct xdp_md *ctx, struct lb_pkt *pk)
 	pk->flow.proto = pk->p.proto;
 
 	cfg = lb_config_get();
-	if (!cfg)
+	clk = lb_tick();
+	if (!cfg || !clk)
 		return lb_drop(pk, LB_DROP_INTERNAL);
-	now = lb_now();
+	now = clk->ns;
 
 	/* Conntrack first: an established flow whose service is still the
 	 * destination's needs no service lookup. A SYN almost always opens a
-	 * flow: it looks the service up first and conntrack last, just before
-	 * the insert, an order measured about 100 ns cheaper for new flows in a
-	 * full conntrack table. */
+	 * flow: it skips the lookup and finds out whether the flow has an entry
+	 * from its insert (lb_ct_create). */
 	syn = (pk->tcp_flags & (LBD_TCP_SYN | LBD_TCP_ACK)) == LBD_TCP_SYN;
 	if (!syn) {
-		ct = lb_ct_get(pk, now);
+		ct = lb_ct_lookup(pk);
+		if (ct && !lb_ct_usable(ct, pk, cfg, clk->sec)) {
+			ct = NULL;
+			stale = 1;
+		}
 		if (ct)
 			svc = lb_ct_service(ct, &pk->flow);
+	}
+	/* The service of the exact port first: it exists only on a VIP, so the VIP
+	 * lookup is needed only without one (all-ports services, no service, no VIP). */
+	if (!svc) {
+		__builtin_memcpy(sk.addr, pk->flow.daddr, 16);
+		sk.port = pk->flow.dport;
+		sk.proto = pk->p.proto;
+		sk.family = pk->flow.family;
+		svc = bpf_map_lookup_elem(&lb_services, &sk);
 	}
 	if (!svc) {
 		vip = lb_vip_get(&pk->flow);
 		if (!vip)
 			return XDP_PASS;
-		__builtin_memcpy(sk.addr, pk->flow.daddr, 16);
-		sk.port = pk->flow.dport;
-		sk.proto = pk->p.proto;
-		sk.family = pk->flow.family;
-		svc = lb_service_get(&sk, vip);
+		svc = lb_service_wild(&sk, vip);
 		if (!svc)
 			return lb_drop(pk, LB_DROP_NO_SERVICE);
-		if (syn)
-			ct = lb_ct_get(pk, now);
 	}
 
 	if ((svc->flags & LB_SVC_SRC_RANGES) && !lb_src_allowed(svc, &pk->flow))
@@ -293,17 +328,10 @@ LBD_INLINE int lb_handle_vip(struct xdp_md *ctx, struct lb_pkt *pk)
 	if (ct) {
 		be = lb_backend_get(ct->backend_id);
 		if (be) {
-			__u8 state = lb_ct_state_next(pk, ct->state);
-
 			be_id = ct->backend_id;
+			if (!pk->trace)
+				lb_ct_touch(pk, ct, cfg, clk->sec);
 			pk->hash = ct->hash;
-			if (!pk->trace && (state != ct->state || now >= ct->last_seen_ns + LB_CT_REFRESH_NS)) {
-				pk->hash = lb_hash_flow(&pk->flow, cfg->hash_seed);
-				ct->hash = pk->hash;
-				ct->state = state;
-				ct->last_seen_ns = now;
-				ct->expires_ns = now + lb_ct_timeout(cfg, state);
-			}
 			if (!pk->hash)
 				pk->hash = lb_hash_flow(&pk->flow, cfg->hash_seed);
 		}
@@ -336,18 +364,17 @@ LBD_INLINE int lb_handle_vip(struct xdp_md *ctx, struct lb_pkt *pk)
 		if (!be || be->family != pk->flow.family)
 			return lb_no_backend(ctx, pk, svc);
 		if (!pk->trace) {
-			struct lb_ct nct = {
-				.created_ns = now,
-				.last_seen_ns = now,
-				.backend_id = be_id,
-				.service_id = svc->id,
-				.state = lb_ct_state_new(pk),
-				.hash = pk->hash,
-			};
+			__u32 id = lb_ct_create(pk, clk, cfg, svc->id, be_id, stale);
 
-			nct.expires_ns = now + lb_ct_timeout(cfg, nct.state);
-			bpf_map_update_elem(&lb_conntrack, &pk->flow, &nct, BPF_ANY);
-			if (svc->flags & LB_SVC_AFFINITY) {
+			/* The flow had a usable entry after all (a retransmitted SYN). */
+			if (id != be_id) {
+				be_id = id;
+				be = lb_backend_get(be_id);
+				if (!be || be->family != pk->flow.family)
+					return lb_no_backend(ctx, pk, svc);
+				new_flow = 0;
+			}
+			if (new_flow && (svc->flags & LB_SVC_AFFINITY)) {
 				struct lb_aff na = { .last_seen_ns = now, .backend_id = be_id };
 
 				bpf_map_update_elem(&lb_affinity, &ak, &na, BPF_ANY);

@@ -44,33 +44,47 @@
 //     lb_svc_by_id) still has exactly the packet's destination as key, the
 //     lb_vips and lb_services lookups are skipped; flows of wildcard-port
 //     services, and entries whose service was deleted, re-keyed or replaced,
-//     take the full path. The entry also keeps the flow hash (outer source
-//     port), refreshed with the timestamps.
+//     take the full path. The entry also keeps 16 bits of the flow hash (outer
+//     source port and flow label), refreshed with the timestamp.
 //
 // Both indexes are written by UpsertService and DeleteService and rebuilt at
 // Load; one Datapath must be the only writer of a set of maps (the filter's
 // per-bucket counts live in memory).
 //
-// # Conntrack lifetimes
+// # Conntrack
 //
-// Timestamps in conntrack and affinity entries are CLOCK_MONOTONIC_COARSE
-// nanoseconds (bpf_ktime_get_coarse_ns: CLOCK_MONOTONIC as of the last tick,
-// a few milliseconds behind at most; read once per jiffy and CPU), comparable
-// with MonotonicNow. A conntrack
-// entry stores when it was created, when it was last refreshed (at most once
-// per second per flow, to keep established flows cheap) and ExpiresAt =
-// LastSeen + the timeout of its state: TCP SYN seen, established, closing (FIN
-// or RST seen), or UDP; the timeouts come from Config. The datapath ignores an
-// expired entry (the flow is balanced again) and a closing entry hit by a new
-// SYN; a garbage collector deletes entries whose ExpiresAt is before
-// MonotonicNow. Affinity entries expire AffinityTimeout after LastSeen, which
-// is refreshed each time the client opens a new flow.
+// Two plain hash maps, not LRUs: lb_ct4 for IPv4 flows (16-byte keys, preallocated)
+// and lb_ct6 for IPv6 ones (entries allocated as they come), each sized a quarter
+// above Options.ConntrackSize. An insert never evicts another flow; a new flow costs
+// one insert (BPF_NOEXIST) and no lookup. An entry is 16 bytes: backend and service
+// IDs, the last-seen time in whole seconds of CLOCK_MONOTONIC (the coarse clock, read
+// once per jiffy and CPU, comparable with MonotonicNow; rewritten at most once a
+// second per flow), 16 bits of the flow hash, the state and a tentative flag.
+//
+// An entry expires when idle longer than the timeout of its state, from Config: TCP
+// SYN seen, established, closing (FIN or RST seen), UDP; and TentativeTimeout while
+// tentative, that is created by a packet other than a TCP SYN (a flow picked up
+// mid-connection, a first UDP datagram) and not yet confirmed by a later packet. The
+// datapath ignores an expired entry (the flow is balanced again, the entry replaced)
+// and a closing entry hit by a new SYN. SweepConntrack deletes expired entries and,
+// over capacity, reclaims unconfirmed and closing ones; it never cuts an established
+// flow short.
+//
+// The flood guard (Config.GuardRate) lets each CPU record at most that many new flows
+// a second; past it new flows are balanced by the Maglev table alone. ConntrackEvents
+// counts inserts, tentative inserts, confirmations, guard skips and engagements,
+// failed inserts (a full map) and reclaims.
+//
+// Affinity entries hold CLOCK_MONOTONIC_COARSE nanoseconds and expire
+// AffinityTimeout after LastSeen, which is refreshed each time the client opens a new
+// flow.
 package lbxdp
 
 import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -99,7 +113,8 @@ type Options struct {
 	MaxServices uint32
 	// MaxBackends bounds backend IDs (IDs are 1..MaxBackends-1; 0 means none).
 	MaxBackends uint32
-	// ConntrackSize is the number of flows the LRU conntrack map holds.
+	// ConntrackSize is the number of flows conntrack is sized for: its map holds a
+	// quarter more (ConntrackEntries), headroom that SweepConntrack gives back.
 	ConntrackSize uint32
 	// AffinitySize is the number of client entries the LRU affinity map holds.
 	AffinitySize uint32
@@ -133,6 +148,9 @@ type Datapath struct {
 	opts        Options
 	maglevInner *ebpf.MapSpec
 	filter      vipFilter
+	// ctReclaimed counts live conntrack entries the collector reclaimed
+	// (SweepConntrack); read by ConntrackEvents from any goroutine.
+	ctReclaimed atomic.Uint64
 }
 
 // Load loads the program and creates (or, with PinPath, adopts) its maps. A

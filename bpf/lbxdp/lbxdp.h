@@ -10,7 +10,7 @@
 /* Defaults for map sizes; the Go loader overrides max_entries at load time. */
 #define LB_DEFAULT_MAX_SERVICES 4096
 #define LB_DEFAULT_MAX_BACKENDS 65536
-#define LB_DEFAULT_CT_SIZE 1048576
+#define LB_DEFAULT_CT_SIZE 1310720
 #define LB_DEFAULT_AFF_SIZE 65536
 #define LB_DEFAULT_SRC_SIZE 16384
 
@@ -89,6 +89,7 @@ struct lb_backend {
 	__u8 node_family;
 };
 
+/* The flow of a packet (client -> VIP as received), the key of lb_ct6. */
 struct lb_ct_key {
 	__u8 saddr[16]; /* client */
 	__u8 daddr[16]; /* VIP */
@@ -99,18 +100,53 @@ struct lb_ct_key {
 	__u16 pad;
 };
 
+/* The key of lb_ct4: an IPv4 flow in 16 bytes rather than lb_ct_key's 40, which
+ * makes the entry a quarter smaller and its insert and lookup cheaper. */
+struct lb_ct4_key {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+/* Conntrack value (lb_ct4 and lb_ct6): 16 bytes, so that a million flows stay in a few hundred
+ * megabytes and an insert copies little. Times are whole seconds of
+ * CLOCK_MONOTONIC (struct lb_clock); an entry expires when it has been idle
+ * longer than the timeout of its state (lb_ct_timeout), which the config
+ * holds, so a timeout change applies to every entry at once. */
 struct lb_ct {
-	__u64 created_ns;   /* CLOCK_MONOTONIC */
-	__u64 last_seen_ns; /* refreshed at most once per LB_CT_REFRESH_NS */
-	__u64 expires_ns;   /* last_seen_ns + timeout of state */
 	__u32 backend_id;
 	__u32 service_id;
-	__u8 state;         /* enum lb_ct_state */
-	__u8 pad[3];
-	/* The flow hash, so that packets of the flow need not compute it; written
-	 * with each refresh (a new seed applies within LB_CT_REFRESH_NS). 0: not
-	 * known (an entry restored from user space), computed per packet. */
-	__u32 hash;
+	__u32 last_seen; /* seconds; rewritten at most once a second per flow */
+	/* Low 16 bits of the flow hash: the outer source port and flow label of the
+	 * flow's packets, rewritten with last_seen (a new seed applies within a
+	 * second). 0 in an entry restored from user space: computed per packet. */
+	__u16 hash;
+	__u8 state; /* enum lb_ct_state */
+	__u8 flags; /* enum lb_ct_flag */
+};
+
+/* lb_ct.flags. */
+enum lb_ct_flag {
+	/* Created by a packet other than a TCP SYN (a mid-connection TCP packet, the
+	 * first UDP datagram): the short tentative timeout applies until another
+	 * packet of the flow confirms it. A flood of spoofed sources sends one packet
+	 * per source and never confirms its entries. */
+	LB_CT_F_TENTATIVE = 1 << 0,
+};
+
+/* What conntrack did (index of the per-CPU lb_ct_stats). Append before
+ * LB_CT_EV_MAX: the Go package names them by index. */
+enum lb_ct_event {
+	LB_CT_EV_INSERTED = 0,  /* a new flow got an entry */
+	LB_CT_EV_TENTATIVE,     /* ... of which a tentative one */
+	LB_CT_EV_CONFIRMED,     /* a tentative entry was confirmed by a later packet */
+	LB_CT_EV_GUARD_SKIPPED, /* a new flow was balanced but got no entry: over the guard rate */
+	LB_CT_EV_GUARD_ENGAGED, /* a CPU's guard started skipping (at most once a second) */
+	LB_CT_EV_INSERT_FAILED, /* no entry could be written (table full): balanced, untracked */
+	LB_CT_EV_MAX,
 };
 
 /* lb_svc_by_id: every service by ID, with its key. A packet whose conntrack
@@ -172,6 +208,10 @@ struct lb_config {
 	__u32 tcp_close_timeout;
 	__u32 udp_timeout;
 	__u32 route_gen; /* bumped to invalidate every cached FIB result */
+	__u32 tentative_timeout; /* seconds, of an entry with LB_CT_F_TENTATIVE */
+	/* New flows a second and CPU that get a conntrack entry; past it new flows
+	 * are balanced by Maglev alone (lb_ct_admit). 0: no limit. */
+	__u32 ct_guard_rate;
 };
 
 /* Metadata (data_meta) asking for a side-effect-free run: no conntrack,
@@ -211,6 +251,12 @@ struct lb_route {
 struct lb_clock {
 	__u64 jiffies;
 	__u64 ns;
+	__u32 sec;         /* ns in whole seconds */
+	/* The flood guard of this CPU (lb_ct_admit): new flows admitted in second
+	 * guard_sec. */
+	__u32 guard_sec;
+	__u32 guard_flows;
+	__u32 pad;
 };
 
 #endif

@@ -38,22 +38,28 @@ type lbxdpLbBackend struct {
 }
 
 type lbxdpLbClock struct {
-	_       structs.HostLayout
-	Jiffies uint64
-	Ns      uint64
+	_          structs.HostLayout
+	Jiffies    uint64
+	Ns         uint64
+	Sec        uint32
+	GuardSec   uint32
+	GuardFlows uint32
+	Pad        uint32
 }
 
 type lbxdpLbConfig struct {
-	_               structs.HostLayout
-	HashSeed        uint32
-	Vni             uint32
-	Src4            [4]uint8
-	Src6            [16]uint8
-	TcpSynTimeout   uint32
-	TcpEstTimeout   uint32
-	TcpCloseTimeout uint32
-	UdpTimeout      uint32
-	RouteGen        uint32
+	_                structs.HostLayout
+	HashSeed         uint32
+	Vni              uint32
+	Src4             [4]uint8
+	Src6             [16]uint8
+	TcpSynTimeout    uint32
+	TcpEstTimeout    uint32
+	TcpCloseTimeout  uint32
+	UdpTimeout       uint32
+	RouteGen         uint32
+	TentativeTimeout uint32
+	CtGuardRate      uint32
 }
 
 type lbxdpLbCounter struct {
@@ -64,15 +70,23 @@ type lbxdpLbCounter struct {
 }
 
 type lbxdpLbCt struct {
-	_          structs.HostLayout
-	CreatedNs  uint64
-	LastSeenNs uint64
-	ExpiresNs  uint64
-	BackendId  uint32
-	ServiceId  uint32
-	State      uint8
-	Pad        [3]uint8
-	Hash       uint32
+	_         structs.HostLayout
+	BackendId uint32
+	ServiceId uint32
+	LastSeen  uint32
+	Hash      uint16
+	State     uint8
+	Flags     uint8
+}
+
+type lbxdpLbCt4Key struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
 }
 
 type lbxdpLbCtKey struct {
@@ -159,7 +173,9 @@ const (
 	lbxdpMapLbBeStats   = "lb_be_stats"
 	lbxdpMapLbCfg       = "lb_cfg"
 	lbxdpMapLbClock     = "lb_clock"
-	lbxdpMapLbConntrack = "lb_conntrack"
+	lbxdpMapLbCt4       = "lb_ct4"
+	lbxdpMapLbCt6       = "lb_ct6"
+	lbxdpMapLbCtStats   = "lb_ct_stats"
 	lbxdpMapLbDropStats = "lb_drop_stats"
 	lbxdpMapLbFibCache  = "lb_fib_cache"
 	lbxdpMapLbMaglev    = "lb_maglev"
@@ -226,7 +242,9 @@ type lbxdpMapSpecs struct {
 	LbBeStats   *ebpf.MapSpec `ebpf:"lb_be_stats"`
 	LbCfg       *ebpf.MapSpec `ebpf:"lb_cfg"`
 	LbClock     *ebpf.MapSpec `ebpf:"lb_clock"`
-	LbConntrack *ebpf.MapSpec `ebpf:"lb_conntrack"`
+	LbCt4       *ebpf.MapSpec `ebpf:"lb_ct4"`
+	LbCt6       *ebpf.MapSpec `ebpf:"lb_ct6"`
+	LbCtStats   *ebpf.MapSpec `ebpf:"lb_ct_stats"`
 	LbDropStats *ebpf.MapSpec `ebpf:"lb_drop_stats"`
 	LbFibCache  *ebpf.MapSpec `ebpf:"lb_fib_cache"`
 	LbMaglev    *ebpf.MapSpec `ebpf:"lb_maglev"`
@@ -269,7 +287,9 @@ type lbxdpMaps struct {
 	LbBeStats   *ebpf.Map `ebpf:"lb_be_stats"`
 	LbCfg       *ebpf.Map `ebpf:"lb_cfg"`
 	LbClock     *ebpf.Map `ebpf:"lb_clock"`
-	LbConntrack *ebpf.Map `ebpf:"lb_conntrack"`
+	LbCt4       *ebpf.Map `ebpf:"lb_ct4"`
+	LbCt6       *ebpf.Map `ebpf:"lb_ct6"`
+	LbCtStats   *ebpf.Map `ebpf:"lb_ct_stats"`
 	LbDropStats *ebpf.Map `ebpf:"lb_drop_stats"`
 	LbFibCache  *ebpf.Map `ebpf:"lb_fib_cache"`
 	LbMaglev    *ebpf.Map `ebpf:"lb_maglev"`
@@ -288,7 +308,9 @@ func (m *lbxdpMaps) Close() error {
 		m.LbBeStats,
 		m.LbCfg,
 		m.LbClock,
-		m.LbConntrack,
+		m.LbCt4,
+		m.LbCt6,
+		m.LbCtStats,
 		m.LbDropStats,
 		m.LbFibCache,
 		m.LbMaglev,

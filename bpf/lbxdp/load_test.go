@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/cilium/ebpf"
 	"github.com/lbd-dev/lbd/internal/pktgen"
 	"github.com/lbd-dev/lbd/internal/testnet"
 )
@@ -65,12 +66,15 @@ func TestPinnedAdoption(t *testing.T) {
 	}
 }
 
-// TestLargeConntrack: the default conntrack holds 1M flows and accepts them.
+// TestLargeConntrack: the default conntrack is sized for 1M flows, with a
+// quarter more entries as headroom, and accepts them.
 func TestLargeConntrack(t *testing.T) {
 	tp := newTopo(t)
 	d := loadDatapath(t, Options{MaxServices: 16, MaxBackends: 16})
-	if n := d.objs.LbConntrack.MaxEntries(); n != 1<<20 {
-		t.Fatalf("conntrack max entries %d", n)
+	for _, m := range []*ebpf.Map{d.objs.LbCt4, d.objs.LbCt6} {
+		if n := m.MaxEntries(); n != 1<<20+1<<18 {
+			t.Fatalf("conntrack max entries %d, want 1M + 256K", n)
+		}
 	}
 	e := &env{topo: tp, d: d}
 	e.addBackend(t, 1, "198.18.20.1", 80, "198.18.10.1")

@@ -25,7 +25,8 @@ func Spec(opts Options) (*ebpf.CollectionSpec, error) {
 		"lb_backends":   opts.MaxBackends,
 		"lb_be_stats":   opts.MaxBackends,
 		"lb_fib_cache":  opts.MaxBackends,
-		"lb_conntrack":  opts.ConntrackSize,
+		"lb_ct4":        ConntrackEntries(opts.ConntrackSize),
+		"lb_ct6":        ConntrackEntries(opts.ConntrackSize),
 		"lb_affinity":   opts.AffinitySize,
 		"lb_src_ranges": opts.SourceRangeSize,
 	}
@@ -38,4 +39,11 @@ func Spec(opts Options) (*ebpf.CollectionSpec, error) {
 		}
 	}
 	return spec, nil
+}
+
+// ConntrackEntries is the size of the conntrack map for a capacity of flows: a
+// quarter more, so that new flows find free entries while the collector has not
+// yet reclaimed the excess (see SweepConntrack).
+func ConntrackEntries(capacity uint32) uint32 {
+	return uint32(min(uint64(capacity)+uint64(capacity)/4, 1<<32-1))
 }

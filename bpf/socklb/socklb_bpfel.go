@@ -23,16 +23,18 @@ type socklbLbBackend struct {
 }
 
 type socklbLbConfig struct {
-	_               structs.HostLayout
-	HashSeed        uint32
-	Vni             uint32
-	Src4            [4]uint8
-	Src6            [16]uint8
-	TcpSynTimeout   uint32
-	TcpEstTimeout   uint32
-	TcpCloseTimeout uint32
-	UdpTimeout      uint32
-	RouteGen        uint32
+	_                structs.HostLayout
+	HashSeed         uint32
+	Vni              uint32
+	Src4             [4]uint8
+	Src6             [16]uint8
+	TcpSynTimeout    uint32
+	TcpEstTimeout    uint32
+	TcpCloseTimeout  uint32
+	UdpTimeout       uint32
+	RouteGen         uint32
+	TentativeTimeout uint32
+	CtGuardRate      uint32
 }
 
 type socklbLbService struct {

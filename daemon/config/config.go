@@ -55,9 +55,15 @@ type Datapath struct {
 	// LBSources are the prefixes a backend node accepts lbd's Geneve from (its LB nodes);
 	// Geneve without lbd's option passes to the kernel untouched.
 	LBSources []string `json:"lb_sources"`
-	// ConntrackSize is the LB conntrack table's size in flows; NATSize the backend's.
+	// ConntrackSize is the LB conntrack table's size in flows (its maps hold a quarter
+	// more, headroom the collector gives back); NATSize the backend's.
 	ConntrackSize uint32 `json:"conntrack_size"`
 	NATSize       uint32 `json:"nat_size"`
+	// ConntrackGuardRate is the flood guard: how many new flows a second each CPU of an
+	// LB node records in conntrack. Past it, new flows are still balanced by the Maglev
+	// table but get no entry, so that a flood of new sources cannot fill the table. 0
+	// turns the guard off.
+	ConntrackGuardRate uint32 `json:"conntrack_guard_rate"`
 	// GC bounds the garbage collector's adaptive interval.
 	GCMinInterval Duration `json:"gc_min_interval"`
 	GCMaxInterval Duration `json:"gc_max_interval"`
@@ -203,18 +209,19 @@ func Default() Config {
 		API:      API{Socket: "/run/lbd/lbd.sock"},
 		Limits:   store.DefaultLimits(),
 		Datapath: Datapath{
-			BPFFSDir:          "/sys/fs/bpf/lbd",
-			HashSeed:          DefaultHashSeed,
-			VNI:               2,
-			ConntrackSize:     1 << 20,
-			NATSize:           1 << 18,
-			GCMinInterval:     Duration(time.Second),
-			GCMaxInterval:     Duration(time.Minute),
-			TCPIdleTimeout:    Duration(6 * time.Hour),
-			UDPIdleTimeout:    Duration(time.Minute),
-			NATClosingTimeout: Duration(time.Minute),
-			SocketLB:          SocketLB{Translations: 1 << 18},
-			VerifyInterval:    Duration(5 * time.Second),
+			BPFFSDir:           "/sys/fs/bpf/lbd",
+			HashSeed:           DefaultHashSeed,
+			VNI:                2,
+			ConntrackSize:      1 << 20,
+			ConntrackGuardRate: 100000, // lbxdp.DefaultGuardRate
+			NATSize:            1 << 18,
+			GCMinInterval:      Duration(time.Second),
+			GCMaxInterval:      Duration(time.Minute),
+			TCPIdleTimeout:     Duration(6 * time.Hour),
+			UDPIdleTimeout:     Duration(time.Minute),
+			NATClosingTimeout:  Duration(time.Minute),
+			SocketLB:           SocketLB{Translations: 1 << 18},
+			VerifyInterval:     Duration(5 * time.Second),
 		},
 		MetricsListen: "127.0.0.1:9310",
 	}

@@ -84,12 +84,12 @@ func benchGC(b *testing.B, sweep bool) {
 		}
 		b.StartTimer()
 		if sweep {
-			if _, d, err := (conntrackTable{m.lb}).Sweep(lbxdp.MonotonicNow()); err != nil || d != 1<<20 {
-				b.Fatalf("deleted %d: %v", d, err)
+			if sw, err := (conntrackTable{m.lb}).Sweep(lbxdp.MonotonicNow()); err != nil || sw.Deleted != 1<<20 {
+				b.Fatalf("deleted %d: %v", sw.Deleted, err)
 			}
-		} else if _, d, err := m.lb.SweepConntrack(0); err != nil || d != 0 {
+		} else if sw, err := m.lb.SweepConntrack(0); err != nil || sw.Deleted != 0 {
 			// Time zero: nothing has expired, so this is the same pass without deletes.
-			b.Fatalf("deleted %d: %v", d, err)
+			b.Fatalf("deleted %d: %v", sw.Deleted, err)
 		}
 	}
 }

@@ -16,26 +16,28 @@ type conntrackTable struct{ lb *lbxdp.Datapath }
 
 func (conntrackTable) Name() string { return "conntrack" }
 
-func (t conntrackTable) Sweep(now time.Duration) (scanned, deleted int, err error) {
-	return t.lb.SweepConntrack(now)
+func (t conntrackTable) Sweep(now time.Duration) (gc.Sweep, error) {
+	r, err := t.lb.SweepConntrack(now)
+	return gc.Sweep{Scanned: r.Scanned, Deleted: r.Deleted, Fill: r.Fill}, err
 }
 
 // natTable adapts the backend NAT map to the collector.
 type natTable struct {
 	be                        *backendtc.Datapath
 	tcpIdle, udpIdle, closing time.Duration
+	size                      uint32
 }
 
 func (m *Manager) natTable() natTable {
-	return natTable{m.be, NATIdle(m.cfg.tcpIdle()), NATIdle(m.cfg.udpIdle()), m.cfg.NATClosingTimeout}
+	return natTable{m.be, NATIdle(m.cfg.tcpIdle()), NATIdle(m.cfg.udpIdle()), m.cfg.NATClosingTimeout, m.cfg.NATSize}
 }
 
 func (natTable) Name() string { return "nat" }
 
-func (t natTable) Sweep(time.Duration) (scanned, deleted int, err error) {
+func (t natTable) Sweep(time.Duration) (gc.Sweep, error) {
 	entries, err := t.be.NATEntries()
 	if err != nil {
-		return 0, 0, err
+		return gc.Sweep{}, err
 	}
 	var expired []backendtc.NATKey
 	for _, e := range entries {
@@ -47,8 +49,12 @@ func (t natTable) Sweep(time.Duration) (scanned, deleted int, err error) {
 			expired = append(expired, e.NATKey)
 		}
 	}
-	deleted, err = t.be.DeleteNAT(expired)
-	return len(entries), deleted, err
+	deleted, err := t.be.DeleteNAT(expired)
+	sw := gc.Sweep{Scanned: len(entries), Deleted: deleted}
+	if t.size > 0 {
+		sw.Fill = float64(len(entries)-deleted) / float64(t.size)
+	}
+	return sw, err
 }
 
 // RunGC collects expired conntrack and NAT entries until ctx ends.
@@ -86,11 +92,11 @@ func (m *Manager) SweepNow() ([]gc.Pass, error) {
 	}
 	for _, t := range tables {
 		start := time.Now()
-		s, d, err := t.Sweep(lbxdp.MonotonicNow())
+		sw, err := t.Sweep(lbxdp.MonotonicNow())
 		if err != nil {
 			return out, err
 		}
-		out = append(out, gc.Pass{Table: t.Name(), Scanned: s, Deleted: d, Duration: time.Since(start)})
+		out = append(out, gc.Pass{Table: t.Name(), Sweep: sw, Duration: time.Since(start)})
 	}
 	return out, nil
 }

@@ -327,6 +327,13 @@ func (m *Manager) GetStats(context.Context, *lbdv1.GetStatsRequest) (*lbdv1.GetS
 		for _, r := range lbxdp.DropReasons() {
 			resp.Reasons = append(resp.Reasons, &lbdv1.Counter{Name: r.CounterName(), Packets: drops[r].Packets, Bytes: drops[r].Bytes})
 		}
+		evs, err := m.lb.ConntrackEvents()
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "read counters: %v", err)
+		}
+		for _, e := range evs {
+			resp.ConntrackEvents = append(resp.ConntrackEvents, &lbdv1.EventCounter{Name: e.Event.String(), Count: e.Count})
+		}
 	}
 	if m.be != nil {
 		cs, err := m.be.Counters()

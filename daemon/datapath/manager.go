@@ -50,6 +50,8 @@ type Config struct {
 	LBSources []netip.Prefix
 	// Map sizes.
 	ConntrackSize, NATSize, MaxServices, MaxBackends uint32
+	// ConntrackGuardRate is the flood guard (lbxdp.Config.GuardRate); 0 turns it off.
+	ConntrackGuardRate uint32
 	// GC bounds the garbage collector's interval.
 	GC gc.Interval
 	// TCPIdleTimeout and UDPIdleTimeout expire idle flows: LB conntrack entries after
@@ -103,6 +105,8 @@ type Manager struct {
 	// migrations are the maps Open rebuilds: copied before the programs are switched,
 	// finished once they all are (migrate.go).
 	migrations []*migration
+	// legacyCT is the former conntrack map, until its flows are carried over (legacy.go).
+	legacyCT *legacyConntrack
 }
 
 // NATIdle is how long a backend node keeps an idle flow's NAT entry when LB nodes keep
@@ -198,6 +202,10 @@ func Open(cfg Config, log hclog.Logger) (*Manager, error) {
 		m.Close()
 		return nil, err
 	}
+	if err := m.finishLegacyConntrack(); err != nil {
+		m.Close()
+		return nil, err
+	}
 	m.attached = true
 	return m, nil
 }
@@ -205,7 +213,7 @@ func Open(cfg Config, log hclog.Logger) (*Manager, error) {
 // learnedMaps hold state only the datapath knows; all other maps are rebuilt from the
 // desired state by Sync.
 var learnedMaps = map[string]bool{
-	"lb_conntrack": true, "lb_affinity": true, "betc_nat": true,
+	"lb_ct4": true, "lb_ct6": true, "lb_affinity": true, "betc_nat": true,
 	"sk_revnat": true, "sk_udp_backend": true, "sk_affinity": true,
 }
 
@@ -261,6 +269,7 @@ func (m *Manager) openLB(ifaces []netlink.Link) error {
 	if err != nil {
 		return err
 	}
+	ctNew := !m.cfg.ctPinned()
 	err = m.loadWithMigration(m.cfg.lbDir(), spec, func() error {
 		var err error
 		m.lb, err = lbxdp.Load(opts)
@@ -272,6 +281,9 @@ func (m *Manager) openLB(ifaces []netlink.Link) error {
 	if err != nil {
 		return err
 	}
+	if err := m.adoptLegacyConntrack(ctNew); err != nil {
+		return err
+	}
 	c, err := m.lb.Config()
 	if err != nil {
 		return err
@@ -279,6 +291,7 @@ func (m *Manager) openLB(ifaces []netlink.Link) error {
 	c.HashSeed, c.VNI = m.cfg.HashSeed, m.cfg.VNI
 	c.Source4, c.Source6 = m.cfg.Underlay4, m.cfg.Underlay6
 	c.TCPEstablishedTimeout, c.UDPTimeout = m.cfg.tcpIdle(), m.cfg.udpIdle()
+	c.GuardRate = m.cfg.ConntrackGuardRate
 	if err := m.lb.SetConfig(c); err != nil {
 		return fmt.Errorf("configure XDP datapath: %w", err)
 	}

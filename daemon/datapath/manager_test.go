@@ -23,7 +23,7 @@ func ctEntries(n int, svc, firstBackend, backends uint32, expires time.Duration,
 		out[i] = lbxdp.CTEntry{
 			Flow:      lbxdp.Flow{Src: netip.AddrPortFrom(src, uint16(1024+i%60000)), Dst: netip.MustParseAddrPort("203.0.113.10:80"), Proto: lbxdp.ProtoTCP},
 			BackendID: firstBackend + uint32(i)%backends, ServiceID: svc, State: lbxdp.CTEstablished,
-			Created: now - time.Minute, LastSeen: now - time.Second, ExpiresAt: now + expires,
+			LastSeen: now + expires - lbxdp.DefaultConfig().TCPEstablishedTimeout,
 		}
 	}
 	return out

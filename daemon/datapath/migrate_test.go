@@ -276,7 +276,7 @@ func resizeUnderFlood(t *testing.T, perSecond int) {
 		t.Fatal(err)
 	}
 	// Kept open to read what the old program left in its map once it is switched.
-	oldCT, err := ebpf.LoadPinnedMap(filepath.Join(n.bpffs, "lb", "lb_conntrack"), nil)
+	oldCT, err := ebpf.LoadPinnedMap(filepath.Join(n.bpffs, "lb", "lb_ct4"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -292,11 +292,11 @@ func resizeUnderFlood(t *testing.T, perSecond int) {
 	if ferr := f.end(); ferr != nil {
 		t.Fatalf("flood: %v", ferr)
 	}
-	for _, l := range logs.lines("op=migrate map=lb_conntrack") {
+	for _, l := range logs.lines("op=migrate map=lb_ct4") {
 		t.Log(l)
 	}
 	if err != nil {
-		newCT, lerr := ebpf.LoadPinnedMap(filepath.Join(n.bpffs, "lb", "lb_conntrack"), nil)
+		newCT, lerr := ebpf.LoadPinnedMap(filepath.Join(n.bpffs, "lb", "lb_ct4"), nil)
 		if lerr == nil {
 			kept := rawEntries(t, newCT)
 			newCT.Close()
@@ -334,7 +334,7 @@ func resizeUnderFlood(t *testing.T, perSecond int) {
 		t.Errorf("%d of %d established entries lost or changed", lost, len(before))
 	}
 	oldLeft := rawEntries(t, oldCT)
-	newCT, err := ebpf.LoadPinnedMap(filepath.Join(n.bpffs, "lb", "lb_conntrack"), nil)
+	newCT, err := ebpf.LoadPinnedMap(filepath.Join(n.bpffs, "lb", "lb_ct4"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -356,13 +356,14 @@ func resizeUnderFlood(t *testing.T, perSecond int) {
 	pinsAsideLeft(t, n)
 }
 
-// rawFlow decodes a struct lb_ct_key of an IPv4 flow: saddr[16], daddr[16], sport and
+// rawFlow decodes the key of an IPv4 flow in lb_ct4: saddr, daddr, sport and
 // dport (network order), proto.
 func rawFlow(k []byte) lbxdp.Flow {
+	// struct lb_ct4_key: saddr, daddr, sport, dport, proto.
 	return lbxdp.Flow{
-		Src:   netip.AddrPortFrom(netip.AddrFrom4([4]byte(k[0:4])), binary.BigEndian.Uint16(k[32:])),
-		Dst:   netip.AddrPortFrom(netip.AddrFrom4([4]byte(k[16:20])), binary.BigEndian.Uint16(k[34:])),
-		Proto: k[36],
+		Src:   netip.AddrPortFrom(netip.AddrFrom4([4]byte(k[0:4])), binary.BigEndian.Uint16(k[8:])),
+		Dst:   netip.AddrPortFrom(netip.AddrFrom4([4]byte(k[4:8])), binary.BigEndian.Uint16(k[10:])),
+		Proto: k[12],
 	}
 }
 
@@ -399,7 +400,7 @@ func TestInterruptedMigrationIsFinished(t *testing.T) {
 				t.Fatal(err)
 			}
 			dir := filepath.Join(n.bpffs, "lb")
-			pin := filepath.Join(dir, "lb_conntrack")
+			pin := filepath.Join(dir, "lb_ct4")
 			// The XDP program stays attached to the map moved aside, as after a crash.
 			if err := os.Rename(pin, pin+migratingSuffix); err != nil {
 				t.Fatal(err)
@@ -409,7 +410,7 @@ func TestInterruptedMigrationIsFinished(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				cur, err := ebpf.NewMapWithOptions(spec.Maps["lb_conntrack"], ebpf.MapOptions{PinPath: dir})
+				cur, err := ebpf.NewMapWithOptions(spec.Maps["lb_ct4"], ebpf.MapOptions{PinPath: dir})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -1,6 +1,7 @@
-// Package gc removes expired conntrack (LB nodes) and NAT (backend nodes) entries. The
-// kernel's LRU maps evict only under pressure; the collector keeps them from filling with
-// dead flows, at an interval that adapts to how much each pass finds.
+// Package gc removes expired conntrack (LB nodes) and NAT (backend nodes) entries: the
+// kernel keeps an entry until someone deletes it (conntrack) or evicts it only under
+// pressure (NAT, an LRU), so the collector keeps the tables from filling with dead flows,
+// at an interval that adapts to how much each pass finds and to what a pass costs.
 package gc
 
 import (
@@ -15,9 +16,18 @@ import (
 type Table interface {
 	// Name identifies the table in logs and metrics ("conntrack", "nat").
 	Name() string
-	// Sweep deletes every entry expired at the kernel's monotonic time now and returns how
-	// many entries it looked at and how many it deleted.
-	Sweep(now time.Duration) (scanned, deleted int, err error)
+	// Sweep deletes every entry expired at the kernel's monotonic time now (and what
+	// else the table gives back under pressure) and says what it did.
+	Sweep(now time.Duration) (Sweep, error)
+}
+
+// Sweep is what one pass over a table did.
+type Sweep struct {
+	// Scanned entries were read, Deleted of them deleted.
+	Scanned, Deleted int
+	// Fill is how full the table is after the pass: live entries over the entries it
+	// can hold (for a table of several maps, the fullest map's).
+	Fill float64
 }
 
 // Interval bounds and adapts the time between passes.
@@ -48,12 +58,21 @@ func (iv Interval) Next(cur time.Duration, scanned, deleted int) time.Duration {
 
 // Pass is the result of one sweep, for metrics.
 type Pass struct {
-	Table            string
-	Scanned, Deleted int
-	Duration         time.Duration
-	Next             time.Duration
-	Err              error
+	Table string
+	Sweep
+	Duration time.Duration
+	Next     time.Duration
+	Err      error
 }
+
+// dutyCycle bounds the collector's cost: the next pass starts no sooner than this many
+// times the last pass's duration after it ended, so that a table that is large or under
+// a flood of new entries never takes more than 1/(dutyCycle+1) of a CPU to collect.
+const dutyCycle = 10
+
+// Bounded returns the interval after a pass that took took: at least dutyCycle times
+// took, even above Max.
+func Bounded(next, took time.Duration) time.Duration { return max(next, dutyCycle*took) }
 
 // Run sweeps t until ctx ends, calling observe after each pass. now returns the kernel's
 // monotonic clock (CLOCK_MONOTONIC, as bpf_ktime_get_ns sees it).
@@ -68,18 +87,18 @@ func Run(ctx context.Context, t Table, iv Interval, now func() time.Duration, ob
 		case <-timer.C:
 		}
 		start := time.Now()
-		scanned, deleted, err := t.Sweep(now())
-		p := Pass{Table: t.Name(), Scanned: scanned, Deleted: deleted, Duration: time.Since(start), Err: err}
+		sw, err := t.Sweep(now())
+		p := Pass{Table: t.Name(), Sweep: sw, Duration: time.Since(start), Err: err}
 		if err != nil {
 			log.Warn("gc pass failed", "op", "gc", "table", t.Name(), "error", err)
 		} else {
-			cur = iv.Next(cur, scanned, deleted)
+			cur = iv.Next(cur, sw.Scanned, sw.Deleted)
 		}
-		p.Next = cur
-		log.Debug("gc pass", "op", "gc", "table", t.Name(), "scanned", scanned, "deleted", deleted, "took", p.Duration, "next", cur)
+		p.Next = Bounded(cur, p.Duration)
+		log.Debug("gc pass", "op", "gc", "table", t.Name(), "scanned", sw.Scanned, "deleted", sw.Deleted, "fill", sw.Fill, "took", p.Duration, "next", p.Next)
 		if observe != nil {
 			observe(p)
 		}
-		timer.Reset(cur)
+		timer.Reset(p.Next)
 	}
 }

@@ -38,14 +38,16 @@ func TestNextAdapts(t *testing.T) {
 type fakeTable struct {
 	mu     sync.Mutex
 	passes int
+	took   time.Duration
 }
 
 func (f *fakeTable) Name() string { return "fake" }
-func (f *fakeTable) Sweep(time.Duration) (int, int, error) {
+func (f *fakeTable) Sweep(time.Duration) (Sweep, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.passes++
-	return 100, 50, nil
+	time.Sleep(f.took)
+	return Sweep{Scanned: 100, Deleted: 50}, nil
 }
 
 func TestRunShortensIntervalUnderChurn(t *testing.T) {
@@ -76,5 +78,35 @@ func TestRunShortensIntervalUnderChurn(t *testing.T) {
 		if nexts[i] != w*time.Millisecond {
 			t.Fatalf("intervals %v, want %v ms", nexts, want)
 		}
+	}
+}
+
+// TestRunBoundsItsCost: a pass that takes long pushes the next one out to ten times
+// its duration, whatever the adaptive interval asks for.
+func TestRunBoundsItsCost(t *testing.T) {
+	iv := Interval{Min: time.Millisecond, Max: 5 * time.Millisecond, Start: time.Millisecond}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan Pass, 1)
+	go Run(ctx, &fakeTable{took: 20 * time.Millisecond}, iv, func() time.Duration { return 0 }, func(p Pass) {
+		select {
+		case done <- p:
+		default:
+		}
+		cancel()
+	}, hclog.NewNullLogger())
+	select {
+	case p := <-done:
+		if p.Next < 10*p.Duration || p.Duration < 20*time.Millisecond {
+			t.Errorf("pass took %v, next in %v: want at least ten times as long", p.Duration, p.Next)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no pass")
+	}
+	if got := Bounded(time.Second, 50*time.Millisecond); got != time.Second {
+		t.Errorf("Bounded(1s, 50ms) = %v", got)
+	}
+	if got := Bounded(time.Second, 500*time.Millisecond); got != 5*time.Second {
+		t.Errorf("Bounded(1s, 500ms) = %v", got)
 	}
 }

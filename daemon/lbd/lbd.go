@@ -28,7 +28,6 @@ import (
 	"github.com/lbd-dev/lbd/daemon/api"
 	"github.com/lbd-dev/lbd/daemon/config"
 	"github.com/lbd-dev/lbd/daemon/datapath"
-	"github.com/lbd-dev/lbd/daemon/gc"
 	"github.com/lbd-dev/lbd/daemon/healthsync"
 	"github.com/lbd-dev/lbd/daemon/metrics"
 	"github.com/lbd-dev/lbd/daemon/nexthop"
@@ -525,43 +524,6 @@ func serverTLS(c config.TCP) (*tls.Config, error) {
 	}, nil
 }
 
-// datapathConfig turns the configuration into the datapath manager's.
-func datapathConfig(cfg config.Config) (datapath.Config, error) {
-	d := cfg.Datapath
-	dc := datapath.Config{
-		LB:                slices.Contains(cfg.Roles, config.RoleLB),
-		Backend:           slices.Contains(cfg.Roles, config.RoleBackend),
-		Interfaces:        d.Interfaces,
-		BPFFSDir:          d.BPFFSDir,
-		HashSeed:          d.HashSeed,
-		VNI:               d.VNI,
-		ConntrackSize:     d.ConntrackSize,
-		NATSize:           d.NATSize,
-		MaxServices:       uint32(cfg.Limits.MaxServices) + 1, // IDs 1..MaxServices
-		MaxBackends:       uint32(cfg.Limits.MaxBackends) + 1,
-		GC:                gc.Interval{Min: time.Duration(d.GCMinInterval), Max: time.Duration(d.GCMaxInterval), Start: time.Duration(d.GCMinInterval) * 10},
-		TCPIdleTimeout:    time.Duration(d.TCPIdleTimeout),
-		UDPIdleTimeout:    time.Duration(d.UDPIdleTimeout),
-		NATClosingTimeout: time.Duration(d.NATClosingTimeout),
-		SocketLB:          d.SocketLB.Enabled,
-		SocketCgroup:      d.SocketLB.Cgroup,
-		SocketRevNATSize:  d.SocketLB.Translations,
-	}
-	dc.GC.Start = min(max(dc.GC.Start, dc.GC.Min), dc.GC.Max)
-	dc.VerifyInterval = time.Duration(d.VerifyInterval)
-	dc.NeighbourRecord = filepath.Join(cfg.StateDir, NeighbourRecordName)
-	if d.UnderlayV4 != "" {
-		dc.Underlay4 = netip.MustParseAddr(d.UnderlayV4) // validated
-	}
-	if d.UnderlayV6 != "" {
-		dc.Underlay6 = netip.MustParseAddr(d.UnderlayV6)
-	}
-	for _, p := range d.LBSources {
-		dc.LBSources = append(dc.LBSources, netip.MustParsePrefix(p))
-	}
-	return dc, dc.GC.Validate()
-}
-
 // healthPoll is how often gRPC health follows the node's readiness.
 const healthPoll = 500 * time.Millisecond
 
@@ -589,25 +551,4 @@ func serveHealth(ctx context.Context, hs *health.Server, srv *grpc.Server, ready
 		case <-t.C:
 		}
 	}
-}
-
-// memoryBudget is what the services' Maglev tables may take: datapath.memory_budget
-// (or a quarter of the machine's memory) less what the datapath's other maps take.
-func memoryBudget(cfg config.Config, mgr *datapath.Manager) (store.MemoryBudget, error) {
-	total := uint64(cfg.Datapath.MemoryBudget)
-	if total == 0 {
-		var err error
-		if total, err = datapath.DefaultMemoryBudget(); err != nil {
-			return store.MemoryBudget{}, err
-		}
-	}
-	maps, err := mgr.MapBytes()
-	if err != nil {
-		return store.MemoryBudget{}, fmt.Errorf("measure the datapath's maps: %w", err)
-	}
-	if maps > total {
-		return store.MemoryBudget{}, fmt.Errorf("datapath.memory_budget: the maps the configuration sizes take %d bytes, more than the budget of %d: "+
-			"raise the budget or lower conntrack_size, nat_size, limits.max_services or limits.max_backends", maps, total)
-	}
-	return store.MemoryBudget{Tables: total - maps, Total: total, Setting: "datapath.memory_budget", TableBytes: datapath.TableBytes}, nil
 }

@@ -32,7 +32,6 @@ type Metrics struct {
 	capacity   *prometheus.GaugeVec
 	fill       *prometheus.GaugeVec
 	reconcile  prometheus.Histogram
-	caps       map[string]uint32
 	ready      ReadyFunc
 }
 
@@ -40,8 +39,7 @@ type Metrics struct {
 // are the sizes of the conntrack ("conntrack") and NAT ("nat") tables.
 func New(stats StatsFunc, capacities map[string]uint32) *Metrics {
 	m := &Metrics{
-		caps: capacities,
-		reg:  prometheus.NewRegistry(),
+		reg: prometheus.NewRegistry(),
 		gcPasses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "lbd_gc_passes_total", Help: "Garbage-collector passes over a table.",
 		}, []string{"table"}),
@@ -59,10 +57,10 @@ func New(stats StatsFunc, capacities map[string]uint32) *Metrics {
 			Name: "lbd_table_entries", Help: "Live entries after the last garbage-collector pass.",
 		}, []string{"table"}),
 		capacity: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "lbd_table_capacity_entries", Help: "Size of the table.",
+			Name: "lbd_table_capacity_entries", Help: "Configured size of the table (conntrack_size, nat_size).",
 		}, []string{"table"}),
 		fill: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "lbd_table_fill_ratio", Help: "Live entries divided by the table size, after the last garbage-collector pass.",
+			Name: "lbd_table_fill_ratio", Help: "Live entries divided by what the table's map can hold, after the last garbage-collector pass (conntrack: the fuller of its IPv4 and IPv6 maps, which hold a quarter more than conntrack_size).",
 		}, []string{"table"}),
 		reconcile: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "lbd_reconcile_duration_seconds", Help: "Time to program one service change into the datapath.",
@@ -89,11 +87,8 @@ func (m *Metrics) ObserveGC(p gc.Pass) {
 	m.gcDeleted.WithLabelValues(p.Table).Add(float64(p.Deleted))
 	m.gcDuration.WithLabelValues(p.Table).Observe(p.Duration.Seconds())
 	m.gcInterval.WithLabelValues(p.Table).Set(p.Next.Seconds())
-	live := float64(p.Scanned - p.Deleted)
-	m.entries.WithLabelValues(p.Table).Set(live)
-	if c := m.caps[p.Table]; c > 0 {
-		m.fill.WithLabelValues(p.Table).Set(live / float64(c))
-	}
+	m.entries.WithLabelValues(p.Table).Set(float64(p.Scanned - p.Deleted))
+	m.fill.WithLabelValues(p.Table).Set(p.Fill)
 }
 
 // ObserveReconcile records how long one service change took to reach the datapath.
@@ -141,10 +136,11 @@ var (
 	beFlows    = prometheus.NewDesc("lbd_backend_new_flows_total", "New flows balanced to a backend.", []string{"service", "backend"}, nil)
 	events     = prometheus.NewDesc("lbd_datapath_packets_total", "Datapath packets by event or drop reason.", []string{"reason"}, nil)
 	sockEvents = prometheus.NewDesc("lbd_socket_lb_calls_total", "Socket calls of local processes handled by socket-level load balancing, by event (connect, sendmsg, reverse, no_backend, revnat_full).", []string{"event"}, nil)
+	ctEvents   = prometheus.NewDesc("lbd_conntrack_events_total", "What the LB node's conntrack did, by event: inserted, tentative, confirmed, guard_skipped, guard_engaged, insert_failed, reclaimed.", []string{"event"}, nil)
 )
 
 func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{svcPackets, svcBytes, svcFlows, bePackets, beBytes, beFlows, events, sockEvents} {
+	for _, d := range []*prometheus.Desc{svcPackets, svcBytes, svcFlows, bePackets, beBytes, beFlows, events, sockEvents, ctEvents} {
 		ch <- d
 	}
 }
@@ -171,5 +167,8 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, e := range st.SocketEvents {
 		ch <- prometheus.MustNewConstMetric(sockEvents, prometheus.CounterValue, float64(e.Count), e.Name)
+	}
+	for _, e := range st.ConntrackEvents {
+		ch <- prometheus.MustNewConstMetric(ctEvents, prometheus.CounterValue, float64(e.Count), e.Name)
 	}
 }

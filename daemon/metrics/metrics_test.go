@@ -39,7 +39,7 @@ func TestScrapeReadsCountersAndStatusEachTime(t *testing.T) {
 		return []*lbdv1.Service{{Name: "web", Status: &lbdv1.ServiceStatus{UsableBackends: 1, Advertised: true, State: lbdv1.ServiceState_SERVICE_STATE_READY},
 			Backends: []*lbdv1.Backend{{Address: "2001:db8::1", Port: 80, Health: &lbdv1.BackendHealth{State: lbdv1.HealthState_HEALTH_STATE_DOWN}}}}}
 	})
-	m.ObserveGC(gc.Pass{Table: "conntrack", Scanned: 500, Deleted: 100, Duration: time.Millisecond, Next: 5 * time.Second})
+	m.ObserveGC(gc.Pass{Table: "conntrack", Sweep: gc.Sweep{Scanned: 500, Deleted: 100, Fill: 0.32}, Duration: time.Millisecond, Next: 5 * time.Second})
 	m.ObserveReconcile(2 * time.Millisecond)
 	first, second := scrape(t, m), scrape(t, m)
 	for _, want := range []string{
@@ -48,7 +48,7 @@ func TestScrapeReadsCountersAndStatusEachTime(t *testing.T) {
 		`lbd_datapath_packets_total{reason="lb_drop_fib"} 3`,
 		`lbd_socket_lb_calls_total{event="connect"} 7`,
 		`lbd_table_entries{table="conntrack"} 400`,
-		`lbd_table_fill_ratio{table="conntrack"} 0.4`,
+		`lbd_table_fill_ratio{table="conntrack"} 0.32`,
 		`lbd_gc_passes_total{table="conntrack"} 1`,
 		`lbd_gc_interval_seconds{table="conntrack"} 5`,
 		`lbd_reconcile_duration_seconds_count 1`,
