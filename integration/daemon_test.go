@@ -25,13 +25,13 @@ func ctKey(c *lbdv1.Connection) string {
 		c.GetVip(), c.GetVipPort(), c.GetBackendAddress(), c.GetBackendPort())
 }
 
-// conntrackMaxEntries finds the pinned conntrack map below a daemon's bpffs directory
-// and returns its size.
+// conntrackMaxEntries finds the pinned IPv4 conntrack map (lb_ct4) below a daemon's
+// bpffs directory and returns its size: a quarter more than --conntrack-size.
 func (d *daemon) conntrackMaxEntries(t *testing.T) uint32 {
 	t.Helper()
 	var size uint32
 	err := filepath.WalkDir(d.bpffs, func(path string, e fs.DirEntry, err error) error {
-		if err != nil || e.IsDir() || !strings.Contains(e.Name(), "conntrack") {
+		if err != nil || e.IsDir() || e.Name() != "lb_ct4" {
 			return err
 		}
 		m, err := ebpf.LoadPinnedMap(path, &ebpf.LoadPinOptions{ReadOnly: true})
@@ -83,8 +83,8 @@ func TestRestartConntrackResize(t *testing.T) {
 		}
 	}
 	for _, lb := range tb.lbs {
-		if got := lb.lbd.conntrackMaxEntries(t); got != size {
-			t.Fatalf("%s: conntrack holds %d entries, started with --conntrack-size %d", lb.name, got, size)
+		if got := lb.lbd.conntrackMaxEntries(t); got != size+size/4 {
+			t.Fatalf("%s: conntrack holds %d entries, started with --conntrack-size %d (want a quarter more)", lb.name, got, size)
 		}
 		before := lb.lbd.conntrackDump(t)
 		if len(before) == 0 {
@@ -93,7 +93,7 @@ func TestRestartConntrackResize(t *testing.T) {
 		lb.lbd.crash()
 		lb.lbd.conntrackSize = 2 * size
 		lb.lbd.start(t)
-		if got := lb.lbd.conntrackMaxEntries(t); got != 2*size {
+		if got := lb.lbd.conntrackMaxEntries(t); got != 2*size+2*size/4 {
 			t.Fatalf("%s: conntrack holds %d entries after restarting with --conntrack-size %d", lb.name, got, 2*size)
 		}
 		after := lb.lbd.conntrackDump(t)
