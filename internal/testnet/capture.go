@@ -5,6 +5,7 @@ package testnet
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -124,6 +125,13 @@ func (c *Capture) loop() {
 			return
 		}
 	}
+}
+
+// Frames returns the frames seen so far; the capture goes on.
+func (c *Capture) Frames() []Frame {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.frames)
 }
 
 // Stop ends the capture once the frames queued so far are read, and returns every
