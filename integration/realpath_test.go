@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/lbd-dev/lbd/internal/testnet"
@@ -112,10 +113,23 @@ func BenchmarkRealPath(b *testing.B) {
 				b.Run(c.name, func(b *testing.B) {
 					rp.tb = b
 					var s sample
+					var events0 map[string]uint64
+					if rp.lbd != nil {
+						events0 = rp.lbdEvents()
+					}
 					for b.Loop() {
 						m := rp.measure(g, rpBenchPackets, false)
 						s.sent, s.forwarded = s.sent+m.sent, s.forwarded+m.forwarded
 						s.dur, s.lbCPU = s.dur+m.dur, s.lbCPU+m.lbCPU
+					}
+					// What lbd's conntrack did with each frame: which path was measured.
+					if rp.lbd != nil {
+						for ev, n := range rp.lbdEvents() {
+							switch ev {
+							case "inserted", "guard_skipped", "insert_failed":
+								b.ReportMetric(float64(n-events0[ev])/float64(s.forwarded), ev+"/pkt")
+							}
+						}
 					}
 					if s.forwarded == 0 {
 						b.Fatalf("nothing forwarded of %d frames", s.sent)
@@ -126,7 +140,7 @@ func BenchmarkRealPath(b *testing.B) {
 					b.ReportMetric(s.nsPerPkt(), "ns/pkt")
 					b.ReportMetric(s.offeredPPS()/1e6, "offered-Mpps")
 					b.ReportMetric(s.lbCPU.Seconds()/s.dur.Seconds(), "lb-busy")
-					if fw.name != "lbd" {
+					if !strings.HasPrefix(fw.name, "lbd") {
 						return
 					}
 					for other, unit := range map[string]string{"kernel": "x-kernel", "nftables": "x-nft"} {

@@ -86,8 +86,11 @@ type realPath struct {
 	pacer *xdpgen.Pacer
 
 	// lbd, when it runs.
-	lbd    *testnet.Proc
-	lbdAPI lbdv1.LoadBalancerServiceClient
+	lbd     *testnet.Proc
+	lbdAPI  lbdv1.LoadBalancerServiceClient
+	lbdNode lbdv1.NodeServiceClient
+	lbdArgs []string // lbd's command line, to restart it
+	lbdSock string
 }
 
 // newRealPath builds the topology with no forwarder configured.
@@ -249,6 +252,10 @@ var forwarders = []forwarder{
 	{"kernel", (*realPath).kernelUp, (*realPath).kernelDown},
 	{"nftables", (*realPath).nftUp, (*realPath).nftDown},
 	{"lbd", (*realPath).lbdUp, nil},
+	// The same lbd restarted with the flood guard off: every new flow is written into
+	// conntrack, whatever the rate (by default, past 100,000 new flows a second per CPU,
+	// new flows are balanced without an entry).
+	{"lbd-no-guard", (*realPath).lbdNoGuardUp, nil},
 }
 
 // kernelUp routes the VIP over both backends (ECMP on addresses and ports): plain IP
@@ -285,6 +292,25 @@ func (rp *realPath) nftDown() { rp.lb.Exec(rp.tb, "nft", "delete", "table", "ip"
 // lbdUp runs the real lbd binary as the LB node's daemon, with one service over both
 // backends created through its API, as an operator would. Its threads run on genCPU:
 // the LB node's CPU is for forwarding.
+// lbdNoGuardUp restarts lbd with the same datapath (it adopts its pinned maps and the
+// service) and a configuration file that turns the flood guard off.
+func (rp *realPath) lbdNoGuardUp() {
+	t := rp.tb
+	t.Helper()
+	rp.lbd.Kill()
+	lbdBin, _ := binaries(t)
+	file := filepath.Join(rp.dir, "lbd", "no-guard.yaml")
+	if err := os.WriteFile(file, []byte("datapath:\n  conntrack_guard_rate: 0\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rp.lbd = testnet.Start(t, "lbd", filepath.Join(rp.dir, "lbd", "lbd.log"),
+		rp.lb.Command(append([]string{lbdBin, "--config", file}, rp.lbdArgs...)...))
+	rp.dialLBD()
+	rp.waitAttached()
+	rp.waitReady()
+}
+
+// lbdUp starts lbd and creates the service.
 func (rp *realPath) lbdUp() {
 	t := rp.tb
 	t.Helper()
@@ -295,20 +321,43 @@ func (rp *realPath) lbdUp() {
 	}
 	sock := filepath.Join(dir, "lbd.sock")
 	bpffs := testnet.MountDir(t)
-	rp.lbd = testnet.Start(t, "lbd", filepath.Join(dir, "lbd.log"), rp.lb.Command(lbdBin,
-		"--role", "lb", "--interface", rp.upIf, "--bpffs-dir", bpffs,
-		"--state-dir", filepath.Join(dir, "state"), "--socket", sock, "--hash-seed", hashSeed, "--log-level", "info"))
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	rp.lbdArgs = []string{"--role", "lb", "--interface", rp.upIf, "--bpffs-dir", bpffs,
+		"--state-dir", filepath.Join(dir, "state"), "--socket", sock, "--hash-seed", hashSeed, "--log-level", "info"}
+	rp.lbd = testnet.Start(t, "lbd", filepath.Join(dir, "lbd.log"), rp.lb.Command(append([]string{lbdBin}, rp.lbdArgs...)...))
+	rp.lbdSock = sock
+	rp.dialLBD()
+	rp.waitAttached()
+	args := []string{lbctlBin, "-s", "unix://" + sock, "service", "create", "web", "--vip", rpVIP.String(),
+		"--port", fmt.Sprint(rpPort), "--protocol", "tcp"}
+	for _, a := range rp.beAddrs {
+		args = append(args, "--backend", netip.AddrPortFrom(a, rpPort).String())
+	}
+	testnet.Run(t, args...)
+	rp.waitReady()
+}
+
+// dialLBD connects to lbd's API for the current (sub)test.
+func (rp *realPath) dialLBD() {
+	t := rp.tb
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+rp.lbdSock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	node := lbdv1.NewNodeServiceClient(conn)
+	rp.lbdNode = lbdv1.NewNodeServiceClient(conn)
 	rp.lbdAPI = lbdv1.NewLoadBalancerServiceClient(conn)
+}
+
+// waitAttached waits for lbd's datapath to be attached and pins lbd away from the LB
+// node's CPU.
+func (rp *realPath) waitAttached() {
+	t := rp.tb
+	t.Helper()
 	rp.waitFor(20*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		resp, err := node.GetNode(ctx, &lbdv1.GetNodeRequest{})
+		resp, err := rp.lbdNode.GetNode(ctx, &lbdv1.GetNodeRequest{})
 		if err == nil && !resp.GetNode().GetDatapathAttached() {
 			err = fmt.Errorf("datapath not attached")
 		}
@@ -318,12 +367,11 @@ func (rp *realPath) lbdUp() {
 		return err
 	})
 	rp.pinProcess(rp.lbd.PID(), genCPU)
-	args := []string{lbctlBin, "-s", "unix://" + sock, "service", "create", "web", "--vip", rpVIP.String(),
-		"--port", fmt.Sprint(rpPort), "--protocol", "tcp"}
-	for _, a := range rp.beAddrs {
-		args = append(args, "--backend", netip.AddrPortFrom(a, rpPort).String())
-	}
-	testnet.Run(t, args...)
+}
+
+// waitReady waits for the service to be ready.
+func (rp *realPath) waitReady() {
+	rp.tb.Helper()
 	rp.waitFor(10*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
@@ -354,6 +402,22 @@ func (rp *realPath) lbdPackets() (packets, newFlows uint64) {
 	}
 	rp.tb.Fatal("lbd has no stats for service web")
 	return 0, 0
+}
+
+// lbdEvents returns lbd's conntrack event counts.
+func (rp *realPath) lbdEvents() map[string]uint64 {
+	rp.tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := rp.lbdAPI.GetStats(ctx, &lbdv1.GetStatsRequest{})
+	if err != nil {
+		rp.tb.Fatal(err)
+	}
+	out := map[string]uint64{}
+	for _, e := range resp.GetConntrackEvents() {
+		out[e.GetName()] = e.GetCount()
+	}
+	return out
 }
 
 // pinProcess pins every thread of a process to cpu (threads it starts later inherit).
