@@ -82,4 +82,14 @@ func TestTrace(t *testing.T) {
 	if e.drops(t)[DropMalformed] != before {
 		t.Error("trace counted a drop")
 	}
+	// A retransmitted SYN follows its flow's entry: so does its trace, after the
+	// table changed.
+	e.setTable(t, 1, []uint32{2}, 31)
+	e.ns.Do(t, func() { v, out, err = e.d.Trace(frame, e.ifA) })
+	if err != nil || v != XDPTx || backendOf(t, out) != beA {
+		t.Errorf("trace of a retransmitted SYN: %v to %v (%v), want the entry's %v", v, backendOf(t, out), err, beA)
+	}
+	if got := e.sendTo(t, pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 555, DstPort: 80}); got != beA {
+		t.Errorf("retransmitted SYN went to %v, want the entry's %v", got, beA)
+	}
 }

@@ -295,7 +295,9 @@ LBD_INLINE int lb_handle_vip(struct xdp_md *ctx, struct lb_pkt *pk)
 	 * flow: it skips the lookup and finds out whether the flow has an entry
 	 * from its insert (lb_ct_create). */
 	syn = (pk->tcp_flags & (LBD_TCP_SYN | LBD_TCP_ACK)) == LBD_TCP_SYN;
-	if (!syn) {
+	/* A trace inserts nothing: it looks the SYN's flow up, to report the entry that
+	 * the insert would find. */
+	if (!syn || pk->trace) {
 		ct = lb_ct_lookup(pk);
 		if (ct && !lb_ct_usable(ct, pk, cfg, clk->sec)) {
 			ct = NULL;
