@@ -66,16 +66,11 @@ type testRunAttr struct {
 	_           uint32
 }
 
-// testRun runs prog benchPackets times on frame and returns the verdict of the
-// last run, the bytes it left and the kernel's mean time per run. The kernel
-// times only the loop around the program, and stops the clock while the
-// thread yields the CPU to other tasks (this machine's two cores are shared),
-// which a wall clock around the syscall would count.
-func testRun(prog *ebpf.Program, frame []byte, ingress int) (Verdict, []byte, float64, error) {
-	return testRunN(prog, frame, ingress, benchPackets)
-}
-
-// testRunN is testRun with repeat packets.
+// testRunN runs prog repeat times on frame and returns the verdict of the last
+// run, the bytes it left and the kernel's mean time per run. The kernel times only
+// the loop around the program, and stops the clock while the thread yields the CPU
+// to other tasks (this machine's two cores are shared), which a wall clock around
+// the syscall would count.
 func testRunN(prog *ebpf.Program, frame []byte, ingress int, repeat uint32) (Verdict, []byte, float64, error) {
 	md := XDPMD{DataEnd: uint32(len(frame)), IngressIfindex: uint32(ingress)}
 	out := make([]byte, len(frame)+256)
