@@ -232,17 +232,7 @@ func report(b *testing.B, gross, base []float64) {
 func BenchmarkDatapath(b *testing.B) {
 	e := &env{topo: newTopo(b)}
 	e.d = loadDatapath(b, Options{MaxServices: 64, MaxBackends: 256, ConntrackSize: benchCapacity})
-	setGuard := func(b *testing.B, rate uint32) {
-		cfg, err := e.d.Config()
-		if err != nil {
-			b.Fatal(err)
-		}
-		cfg.GuardRate = rate
-		if err := e.d.SetConfig(cfg); err != nil {
-			b.Fatal(err)
-		}
-	}
-	setGuard(b, 0)
+	e.setGuard(b, 0)
 	for i := uint32(1); i <= 16; i++ {
 		e.addBackend(b, i, fmt.Sprintf("198.18.20.%d", i), 8080, fmt.Sprintf("198.18.10.%d", i))
 	}
@@ -292,9 +282,9 @@ func BenchmarkDatapath(b *testing.B) {
 		{"a-empty-new-flow", benchCase{frame: syn, harness: true, vary: true, verdict: XDPTx, before: empty}},
 		{"a-guard-new-flow", benchCase{frame: syn, harness: true, vary: true, verdict: XDPTx, before: func(b *testing.B) {
 			empty(b)
-			setGuard(b, 1)
+			e.setGuard(b, 1)
 		}}},
-		{"b-established", benchCase{frame: est, harness: true, verdict: XDPTx, before: func(b *testing.B) { setGuard(b, 0) }}},
+		{"b-established", benchCase{frame: est, harness: true, verdict: XDPTx, before: func(b *testing.B) { e.setGuard(b, 0) }}},
 		{"c-non-vip-pass", benchCase{frame: other, verdict: XDPPass}},
 		{"d-malformed-drop", benchCase{frame: bad, verdict: XDPDrop}},
 	}

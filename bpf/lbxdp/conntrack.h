@@ -15,18 +15,24 @@
 #ifndef LBXDP_CONNTRACK_H
 #define LBXDP_CONNTRACK_H
 
+/* The key of the packet's IPv4 flow in lb_ct4. */
+LBD_INLINE void lb_ct4_key(const struct lb_pkt *pk, struct lb_ct4_key *k)
+{
+	__builtin_memset(k, 0, sizeof(*k));
+	__builtin_memcpy(&k->saddr, pk->flow.saddr, 4);
+	__builtin_memcpy(&k->daddr, pk->flow.daddr, 4);
+	k->sport = pk->flow.sport;
+	k->dport = pk->flow.dport;
+	k->proto = pk->flow.proto;
+}
+
 /* The packet's conntrack entry, usable or not. */
 LBD_INLINE struct lb_ct *lb_ct_lookup(const struct lb_pkt *pk)
 {
 	if (pk->flow.family == LBD_FAMILY_V4) {
-		struct lb_ct4_key k = {
-			.sport = pk->flow.sport,
-			.dport = pk->flow.dport,
-			.proto = pk->flow.proto,
-		};
+		struct lb_ct4_key k;
 
-		__builtin_memcpy(&k.saddr, pk->flow.saddr, 4);
-		__builtin_memcpy(&k.daddr, pk->flow.daddr, 4);
+		lb_ct4_key(pk, &k);
 		return bpf_map_lookup_elem(&lb_ct4, &k);
 	}
 	return bpf_map_lookup_elem(&lb_ct6, &pk->flow);
@@ -36,14 +42,9 @@ LBD_INLINE struct lb_ct *lb_ct_lookup(const struct lb_pkt *pk)
 LBD_INLINE long lb_ct_update(const struct lb_pkt *pk, const struct lb_ct *ct, __u64 flags)
 {
 	if (pk->flow.family == LBD_FAMILY_V4) {
-		struct lb_ct4_key k = {
-			.sport = pk->flow.sport,
-			.dport = pk->flow.dport,
-			.proto = pk->flow.proto,
-		};
+		struct lb_ct4_key k;
 
-		__builtin_memcpy(&k.saddr, pk->flow.saddr, 4);
-		__builtin_memcpy(&k.daddr, pk->flow.daddr, 4);
+		lb_ct4_key(pk, &k);
 		return bpf_map_update_elem(&lb_ct4, &k, ct, flags);
 	}
 	return bpf_map_update_elem(&lb_ct6, &pk->flow, ct, flags);

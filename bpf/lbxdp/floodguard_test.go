@@ -24,7 +24,7 @@ func (e *env) events(t *testing.T) map[CTEvent]uint64 {
 	return out
 }
 
-func (e *env) setGuard(t *testing.T, rate uint32) {
+func (e *env) setGuard(t testing.TB, rate uint32) {
 	t.Helper()
 	cfg, err := e.d.Config()
 	if err != nil {
