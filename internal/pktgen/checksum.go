@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"net/netip"
 )
 
@@ -112,8 +113,8 @@ func parseIP(ip []byte) (ipPacket, error) {
 	return p, nil
 }
 
-// VerifyIP recomputes every checksum of an IP packet (IPv4 header, TCP, UDP, ICMP,
-// ICMPv6) and describes the first that is wrong. A UDP checksum of 0 over IPv4 means
+// VerifyIP recomputes every checksum of an IP packet (IPv4 header, TCP, UDP, SCTP,
+// ICMP, ICMPv6) and describes the first that is wrong. A UDP checksum of 0 over IPv4 means
 // none and passes; over IPv6 it is an error. A fragment has only its IPv4 header
 // checked.
 func VerifyIP(ip []byte) error {
@@ -125,6 +126,15 @@ func VerifyIP(ip []byte) error {
 		return fmt.Errorf("IPv4 header checksum %#04x does not verify", binary.BigEndian.Uint16(p.hdr[10:]))
 	}
 	if p.fragment {
+		return nil
+	}
+	if p.proto == ProtoSCTP {
+		if len(p.l4) < 12 {
+			return fmt.Errorf("SCTP header cut at %d bytes", len(p.l4))
+		}
+		if got, want := binary.LittleEndian.Uint32(p.l4[8:]), SCTPChecksum(p.l4); got != want {
+			return fmt.Errorf("SCTP CRC32c %#08x does not verify (want %#08x)", got, want)
+		}
 		return nil
 	}
 	off, ok := map[uint8]int{ProtoTCP: 16, ProtoUDP: 6, ProtoICMPv4: 2, ProtoICMPv6: 2}[p.proto]
@@ -145,6 +155,22 @@ func VerifyIP(ip []byte) error {
 		return fmt.Errorf("protocol %d checksum %#04x does not verify", p.proto, got)
 	}
 	return nil
+}
+
+// castagnoli is the CRC32c table of SCTP's checksum (RFC 9260 Appendix B).
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// SCTPChecksum computes the CRC32c of an SCTP packet (common header and chunks) with
+// its checksum field taken as zero. It covers no IP pseudo-header.
+func SCTPChecksum(sctp []byte) uint32 {
+	h := crc32.Update(0, castagnoli, sctp[:8])
+	h = crc32.Update(h, castagnoli, []byte{0, 0, 0, 0})
+	return crc32.Update(h, castagnoli, sctp[12:])
+}
+
+// SetSCTPChecksum writes an SCTP packet's CRC32c, in the byte order SCTP puts it.
+func SetSCTPChecksum(sctp []byte) {
+	binary.LittleEndian.PutUint32(sctp[8:], SCTPChecksum(sctp))
 }
 
 // VerifyPartial checks a TCP or UDP packet whose checksum the sender left to the NIC

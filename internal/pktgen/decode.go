@@ -23,6 +23,7 @@ type Layers struct {
 	IPv6   *layers.IPv6
 	TCP    *layers.TCP
 	UDP    *layers.UDP
+	SCTP   *layers.SCTP
 	ICMPv4 *layers.ICMPv4
 	ICMPv6 *layers.ICMPv6
 	// IP is the IP packet, from its header to the end of its payload as its length
@@ -138,6 +139,8 @@ func parse(b []byte, first gopacket.Decoder) *Decoded {
 			l.TCP = layer
 		case *layers.UDP:
 			l.UDP = layer
+		case *layers.SCTP:
+			l.SCTP = layer
 		case *layers.ICMPv4:
 			l.ICMPv4 = layer
 		case *layers.ICMPv6:

@@ -22,7 +22,29 @@ const (
 	ProtoTCP    = 6
 	ProtoUDP    = 17
 	ProtoICMPv6 = 58
+	ProtoSCTP   = 132
 )
+
+// SCTP chunk types (RFC 9260 §3.2) the tests send.
+const (
+	SCTPData             = 0
+	SCTPInit             = 1
+	SCTPInitAck          = 2
+	SCTPSack             = 3
+	SCTPHeartbeat        = 4
+	SCTPAbort            = 6
+	SCTPShutdown         = 7
+	SCTPShutdownAck      = 8
+	SCTPCookieEcho       = 10
+	SCTPCookieAck        = 11
+	SCTPShutdownComplete = 14
+)
+
+// SCTPChunk is one chunk of an SCTP packet: its value is padded to 4 bytes.
+type SCTPChunk struct {
+	Type, Flags uint8
+	Value       []byte
+}
 
 // TCPFlags are the flags of a TCP header.
 type TCPFlags uint8
@@ -65,7 +87,7 @@ type Packet struct {
 	Fragment  *Fragment // makes the packet a fragment
 
 	// Transport.
-	Proto            uint8 // ProtoTCP (default), ProtoUDP, ProtoICMPv4 or ProtoICMPv6
+	Proto            uint8 // ProtoTCP (default), ProtoUDP, ProtoSCTP, ProtoICMPv4 or ProtoICMPv6
 	SrcPort, DstPort uint16
 	Flags            TCPFlags // default SYN
 	Seq, Ack         uint32   // default 1000 and 5000
@@ -73,12 +95,14 @@ type Packet struct {
 	ICMPType         uint8
 	ICMPCode         uint8
 	ICMPRest         uint32 // the 4 bytes after the ICMP checksum: id and sequence, MTU...
-	Payload          []byte
+	VTag             uint32 // SCTP verification tag
+	Chunks           []SCTPChunk
+	Payload          []byte // after the transport header (SCTP: after the chunks)
 
 	// Knobs that break what is otherwise correct.
 	NoUDPChecksum bool // UDP checksum 0: none, legal over IPv4 only
 	BadIPChecksum bool // a wrong IPv4 header checksum
-	BadL4Checksum bool // a wrong TCP, UDP or ICMP checksum
+	BadL4Checksum bool // a wrong TCP, UDP, SCTP or ICMP checksum
 }
 
 // Fragment makes a packet a fragment: the flags and offset of an IPv4 header, or an
@@ -260,6 +284,17 @@ func (p Packet) transport() []byte {
 		h = make([]byte, 8)
 		h[0], h[1] = p.ICMPType, p.ICMPCode
 		binary.BigEndian.PutUint32(h[4:], p.ICMPRest)
+	case ProtoSCTP:
+		h = make([]byte, 12)
+		binary.BigEndian.PutUint16(h[0:], p.SrcPort)
+		binary.BigEndian.PutUint16(h[2:], p.DstPort)
+		binary.BigEndian.PutUint32(h[4:], p.VTag)
+		for _, c := range p.Chunks {
+			h = append(h, c.Type, c.Flags, 0, 0)
+			binary.BigEndian.PutUint16(h[len(h)-2:], uint16(4+len(c.Value)))
+			h = append(h, c.Value...)
+			h = append(h, make([]byte, -len(c.Value)&3)...)
+		}
 	default:
 		panic(fmt.Sprintf("pktgen: cannot build protocol %d", p.Proto))
 	}
@@ -267,6 +302,13 @@ func (p Packet) transport() []byte {
 }
 
 func (p Packet) fillL4Checksum(l4 []byte) {
+	if p.Proto == ProtoSCTP {
+		SetSCTPChecksum(l4)
+		if p.BadL4Checksum {
+			l4[8] ^= 1
+		}
+		return
+	}
 	off := map[uint8]int{ProtoTCP: 16, ProtoUDP: 6, ProtoICMPv4: 2, ProtoICMPv6: 2}[p.Proto]
 	var cs uint16
 	if p.Proto == ProtoICMPv4 {
