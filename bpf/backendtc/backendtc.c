@@ -215,7 +215,7 @@ int lbd_be_egress(struct __sk_buff *skb)
 		if (ip.frag_off & bpf_htons(LBD_IP_OFFMASK))
 			return LBD_TCX_NEXT;
 		l4_off = LBD_ETH_HLEN + lbd_ip4_hlen(&ip);
-		if (ip.protocol == LBD_IPPROTO_TCP || ip.protocol == LBD_IPPROTO_UDP) {
+		if (ip.protocol == LBD_IPPROTO_TCP || ip.protocol == LBD_IPPROTO_UDP || ip.protocol == LBD_IPPROTO_SCTP) {
 			key.family = LBD_FAMILY_V4;
 			__builtin_memcpy(key.backend, &ip.saddr, 4);
 			__builtin_memcpy(key.client, &ip.daddr, 4);
@@ -233,7 +233,8 @@ int lbd_be_egress(struct __sk_buff *skb)
 			return LBD_TCX_NEXT;
 		if (lbd_ip6_version(&ip6) != 6)
 			return LBD_TCX_NEXT;
-		if (ip6.nexthdr == LBD_IPPROTO_TCP || ip6.nexthdr == LBD_IPPROTO_UDP) {
+		if (ip6.nexthdr == LBD_IPPROTO_TCP || ip6.nexthdr == LBD_IPPROTO_UDP ||
+		    ip6.nexthdr == LBD_IPPROTO_SCTP) {
 			key.family = LBD_FAMILY_V6;
 			__builtin_memcpy(key.backend, ip6.saddr, 16);
 			__builtin_memcpy(key.client, ip6.daddr, 16);

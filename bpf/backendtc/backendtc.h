@@ -24,7 +24,8 @@
 #define LBD_NAT_TOUCH_NS LBD_NSEC_PER_SEC
 
 /* nat_val.flags */
-#define LBD_NAT_F_CLOSING 0x1 /* a FIN or RST was seen: the GC uses the short timeout */
+#define LBD_NAT_F_CLOSING 0x1 /* a FIN or RST (SCTP: ABORT, SHUTDOWN, SHUTDOWN COMPLETE)
+			       * was seen: the GC uses the short timeout */
 
 /* Allowed LB sources: IPv4 is stored IPv4-mapped (::ffff:a.b.c.d) with prefixlen+96,
  * so one trie serves both families. */

@@ -94,11 +94,12 @@ struct inner {
 	struct nat_val val;
 	__u32 ip_off;
 	__be16 eth_proto;
-	__u8 tcp_flags;
+	__u8 ctl;       /* TCP flags, or the type of an SCTP packet's first chunk */
 	__u8 has_ports;
 };
 
-/* Reads the L4 ports (and TCP flags) of the inner packet into in->key. Returns 0, or
+/* Reads the L4 ports (and TCP flags, SCTP's first chunk type) of the inner packet
+ * into in->key. Returns 0, or
  * the drop reason when the L4 header does not fit in the IP payload. */
 LBD_INLINE __u32 inner_ports(struct __sk_buff *skb, struct inner *in, __u32 l4_off,
 					 __u32 l4_len, __u8 proto)
@@ -112,7 +113,7 @@ LBD_INLINE __u32 inner_ports(struct __sk_buff *skb, struct inner *in, __u32 l4_o
 			return CNT_DROP_BAD_LEN;
 		in->key.client_port = th.source;
 		in->key.backend_port = th.dest;
-		in->tcp_flags = th.flags;
+		in->ctl = th.flags;
 	} else if (proto == LBD_IPPROTO_UDP) {
 		struct lbd_udphdr uh;
 
@@ -122,6 +123,19 @@ LBD_INLINE __u32 inner_ports(struct __sk_buff *skb, struct inner *in, __u32 l4_o
 			return CNT_DROP_BAD_LEN;
 		in->key.client_port = uh.source;
 		in->key.backend_port = uh.dest;
+	} else if (proto == LBD_IPPROTO_SCTP) {
+		struct {
+			struct lbd_sctphdr h;
+			struct lbd_sctp_chunkhdr c;
+		} sh;
+
+		if (l4_len < sizeof(sh))
+			return CNT_DROP_BAD_LEN;
+		if (bpf_skb_load_bytes(skb, l4_off, &sh, sizeof(sh)) < 0)
+			return CNT_DROP_BAD_LEN;
+		in->key.client_port = sh.h.source;
+		in->key.backend_port = sh.h.dest;
+		in->ctl = sh.c.type;
 	} else {
 		return 0;
 	}
@@ -188,13 +202,13 @@ LBD_INLINE int nat_record(struct inner *in)
 
 	if (cur && cur->family == in->val.family && cur->vip_port == in->val.vip_port &&
 	    lbd_addr_eq(cur->vip, in->val.vip)) {
-		nat_touch(cur, in->key.proto, in->tcp_flags, now);
+		nat_touch(cur, in->key.proto, in->ctl, now);
 		count(CNT_NAT_REFRESHED);
 		return 0;
 	}
 	in->val.last_seen = now;
 	in->val.flags = 0;
-	if (in->key.proto == LBD_IPPROTO_TCP && (in->tcp_flags & (LBD_TCP_FIN | LBD_TCP_RST))) {
+	if (nat_closes(in->key.proto, in->ctl)) {
 		in->val.flags = LBD_NAT_F_CLOSING;
 		count(CNT_NAT_CLOSING);
 	}

@@ -53,6 +53,9 @@ func egressCases() []egressCase {
 	otherPort.client = netip.AddrPortFrom(tcp4.client.Addr(), tcp4.client.Port()+1)
 	otherProto.proto = pktgen.ProtoUDP
 	vip0 := netip.AddrPortFrom(vipV4.Addr(), 0)
+	initAck, initAck6, sctpShutdown := sctpInit, sctpInit6, sctpInit
+	initAck.chunk, initAck6.chunk = pktgen.SCTPInitAck, pktgen.SCTPInitAck
+	sctpShutdown.chunk, sctpShutdown.payload = pktgen.SCTPShutdownComplete, nil
 	noSum := func(f flow, src netip.AddrPort) []byte {
 		p := f.reply(src)
 		p.NoUDPChecksum = true
@@ -91,6 +94,11 @@ func egressCases() []egressCase {
 			want: udpReq.reply(netip.AddrPortFrom(vip0.Addr(), backendV4.Port())).Frame(), counter: CounterSNATDone},
 		{name: "v4 FIN marks closing", flow: fin, vip: vipV4, want: fin.reply(vipV4).Frame(), counter: CounterNATClosing},
 		{name: "v6 RST marks closing", flow: rst6, vip: vipV6, want: rst6.reply(vipV6).Frame(), counter: CounterNATClosing},
+		// SCTP: the address changes, its CRC32c (over no address) stays valid.
+		{name: "v4 SCTP INIT ACK", flow: initAck, vip: sctpVIP4, want: initAck.reply(sctpVIP4).Frame(), counter: CounterSNATDone},
+		{name: "v6 SCTP INIT ACK", flow: initAck6, vip: sctpVIP6, want: initAck6.reply(sctpVIP6).Frame(), counter: CounterSNATDone},
+		{name: "v4 SCTP SHUTDOWN COMPLETE marks closing", flow: sctpShutdown, vip: sctpVIP4,
+			want: sctpShutdown.reply(sctpVIP4).Frame(), counter: CounterNATClosing},
 		{name: "no entry: untouched", flow: tcp4, vip: vipV4, noEntry: true},
 		{name: "other client port: untouched", flow: tcp4, vip: vipV4, in: otherPort.reply(backendV4).Frame()},
 		{name: "other protocol on the same ports: untouched", flow: tcp4, vip: vipV4, in: otherProto.reply(backendV4).Frame()},
@@ -103,8 +111,36 @@ func egressCases() []egressCase {
 		icmpCase("ICMP from a router address keeps its source", tcp4, vipV4, routerV4, 11, 0, 0, 0),
 		icmpCase("ICMPv6 packet too big for TCP", tcp6, vipV6, backendV6.Addr(), 2, 0, 1280, 0),
 		icmpCase("ICMPv6 port unreachable for UDP", udpReq6, vipV6, backendV6.Addr(), 1, 4, 0, 0),
+		icmpCase("ICMP fragmentation needed for SCTP", sctpInit, sctpVIP4, backendV4.Addr(), 3, 4, 1400, 0),
+		icmpCase("ICMPv6 packet too big for SCTP", sctpInit6, sctpVIP6, backendV6.Addr(), 2, 0, 1280, 0),
 		{name: "ICMP error about another flow: untouched", flow: udpReq, vip: vipV4, noEntry: true,
 			in: icmpError(backendV4.Addr(), clientV4.Addr(), 3, 3, 0, udpReq.request())},
+	}
+}
+
+// TestEgressSCTPPortNotRewritten: an SCTP reply whose NAT entry names another port
+// than the backend's is dropped and counted, never sent with a CRC32c that no longer
+// verifies. (The control plane refuses such services; this is the datapath's guard.)
+func TestEgressSCTPPortNotRewritten(t *testing.T) {
+	d := newDatapath(t)
+	data := sctpInit
+	data.chunk, data.payload = pktgen.SCTPHeartbeat, []byte{0, 1, 0, 8, 1, 2, 3, 4}
+	if v, _ := run(t, d.IngressProgram(), v4Encap(pktgen.DSROption(vipV4)).Frame(data.request())); v != verdictNext {
+		t.Fatalf("ingress verdict %#x", v)
+	}
+	before, err := d.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := run(t, d.EgressProgram(), data.reply(data.backend).Frame()); v != verdictDrop {
+		t.Errorf("verdict %#x, want TCX_DROP", v)
+	}
+	after, err := d.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := after[CounterDropSNATFailed] - before[CounterDropSNATFailed]; n != 1 {
+		t.Errorf("%v moved by %d, want 1", CounterDropSNATFailed, n)
 	}
 }
 
@@ -117,6 +153,9 @@ func TestEgress(t *testing.T) {
 				// under test can mark it closing.
 				req := tc.flow
 				req.flags = pktgen.ACK
+				if req.proto == pktgen.ProtoSCTP {
+					req.chunk, req.payload = pktgen.SCTPHeartbeat, []byte{0, 1, 0, 8, 1, 2, 3, 4}
+				}
 				if v, _ := run(t, d.IngressProgram(), v4Encap(pktgen.DSROption(tc.vip)).Frame(req.request())); v != verdictNext {
 					t.Fatalf("ingress verdict %#x", v)
 				}
@@ -213,6 +252,8 @@ func checkDecoded(t *testing.T, out []byte, tc egressCase) {
 		src = uint16(d.TCP.SrcPort)
 	case d.UDP != nil:
 		src = uint16(d.UDP.SrcPort)
+	case d.SCTP != nil:
+		src = uint16(d.SCTP.SrcPort)
 	default:
 		t.Fatalf("decode output: %v", d.Packet)
 	}

@@ -189,8 +189,8 @@ walk:
 		return drop
 	}
 	switch {
-	case proto == 6 && len(l4) >= 20, proto == 17 && len(l4) >= 8:
-	case proto == 6, proto == 17:
+	case proto == 6 && len(l4) >= 20, proto == 17 && len(l4) >= 8, proto == 132 && len(l4) >= 16:
+	case proto == 6, proto == 17, proto == 132: // SCTP: the common header and a chunk's header
 		return drop
 	default:
 		return decap // no ports: no entry

@@ -19,6 +19,11 @@ var (
 	udpReq  = flow{proto: pktgen.ProtoUDP, client: clientV4, backend: backendV4, payload: []byte("query")}
 	tcpSyn6 = flow{proto: pktgen.ProtoTCP, client: clientV6, backend: backendV6, flags: pktgen.SYN}
 	udpReq6 = flow{proto: pktgen.ProtoUDP, client: clientV6, backend: backendV6, payload: []byte("query6")}
+	// SCTP keeps its port from VIP to backend (lbd does not rewrite SCTP ports).
+	sctpInit  = flow{proto: pktgen.ProtoSCTP, client: clientV4, backend: backendV4, chunk: pktgen.SCTPInit, payload: pktgen.Bytes(16)}
+	sctpInit6 = flow{proto: pktgen.ProtoSCTP, client: clientV6, backend: backendV6, chunk: pktgen.SCTPInit, payload: pktgen.Bytes(16)}
+	sctpVIP4  = netip.AddrPortFrom(vipV4.Addr(), backendV4.Port())
+	sctpVIP6  = netip.AddrPortFrom(vipV6.Addr(), backendV6.Port())
 )
 
 // ovn is OVN's metadata option: critical, of a class lbd does not know.
@@ -59,6 +64,8 @@ func ingressCases() []ingressCase {
 	finAck := tcpSyn
 	finAck.flags = pktgen.FIN | pktgen.ACK
 	echo := flow{proto: pktgen.ProtoICMPv4, client: clientV4, backend: backendV4}
+	sctpAbort := sctpInit
+	sctpAbort.chunk, sctpAbort.payload = pktgen.SCTPAbort, nil
 	port0 := netip.AddrPortFrom(vipV4.Addr(), 0)
 	return append([]ingressCase{
 		{Name: "v4 underlay v4 TCP SYN", In: frame(v4Encap(dsr4), tcpSyn),
@@ -81,6 +88,12 @@ func ingressCases() []ingressCase {
 			Verdict: verdictNext, Check: natted(udpReq, netip.AddrPortFrom(vipV4.Addr(), backendV4.Port()), CounterNATCreated, false)},
 		{Name: "client FIN marks the entry closing", In: frame(v4Encap(dsr4), finAck),
 			Verdict: verdictNext, Check: natted(finAck, vipV4, CounterNATClosing, true)},
+		{Name: "v4 underlay v4 SCTP INIT", In: frame(v4Encap(pktgen.DSROption(sctpVIP4)), sctpInit),
+			Verdict: verdictNext, Check: natted(sctpInit, sctpVIP4, CounterNATCreated, false)},
+		{Name: "v6 underlay v6 SCTP INIT", In: frame(v6Encap(pktgen.DSROption(sctpVIP6)), sctpInit6),
+			Verdict: verdictNext, Check: natted(sctpInit6, sctpVIP6, CounterNATCreated, false)},
+		{Name: "client SCTP ABORT marks the entry closing", In: frame(v4Encap(pktgen.DSROption(sctpVIP4)), sctpAbort),
+			Verdict: verdictNext, Check: natted(sctpAbort, sctpVIP4, CounterNATClosing, true)},
 		{Name: "inner ICMP decapsulated without NAT entry", In: frame(v4Encap(dsr4), echo),
 			Verdict: verdictNext, Check: decapped(echo, CounterDecapNoNAT)},
 

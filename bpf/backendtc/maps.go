@@ -113,8 +113,9 @@ type Proto uint8
 
 // Protocols that have NAT entries.
 const (
-	ProtoTCP Proto = 6
-	ProtoUDP Proto = 17
+	ProtoTCP  Proto = 6
+	ProtoUDP  Proto = 17
+	ProtoSCTP Proto = 132
 )
 
 // String is the protocol's lower-case name.
@@ -124,6 +125,8 @@ func (p Proto) String() string {
 		return "tcp"
 	case ProtoUDP:
 		return "udp"
+	case ProtoSCTP:
+		return "sctp"
 	}
 	return fmt.Sprintf("proto(%d)", uint8(p))
 }

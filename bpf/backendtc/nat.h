@@ -17,18 +17,34 @@ LBD_INLINE void addr_copy(__u8 *dst, const __u8 *src)
 	d[3] = s[3];
 }
 
+/* Whether a packet opens a connection (a TCP SYN without ACK, an SCTP INIT) or
+ * closes it (a TCP FIN or RST; an SCTP ABORT, SHUTDOWN or SHUTDOWN COMPLETE). ctl is
+ * the TCP flags, or the type of an SCTP packet's first chunk. */
+LBD_INLINE int nat_opens(__u8 proto, __u8 ctl)
+{
+	if (proto == LBD_IPPROTO_SCTP)
+		return ctl == LBD_SCTP_INIT;
+	return proto == LBD_IPPROTO_TCP && (ctl & (LBD_TCP_SYN | LBD_TCP_ACK)) == LBD_TCP_SYN;
+}
+
+LBD_INLINE int nat_closes(__u8 proto, __u8 ctl)
+{
+	if (proto == LBD_IPPROTO_SCTP)
+		return ctl == LBD_SCTP_ABORT || ctl == LBD_SCTP_SHUTDOWN || ctl == LBD_SCTP_SHUTDOWN_COMPLETE;
+	return proto == LBD_IPPROTO_TCP && (ctl & (LBD_TCP_FIN | LBD_TCP_RST));
+}
+
 /* Updates last_seen (throttled) and the closing flag of an entry in place. A SYN
- * without ACK starts a new connection on a reused tuple, so it reopens the entry. */
-LBD_INLINE void nat_touch(struct nat_val *v, __u8 proto, __u8 tcp_flags, __u64 now)
+ * without ACK (an INIT) starts a new connection on a reused tuple, so it reopens the
+ * entry. */
+LBD_INLINE void nat_touch(struct nat_val *v, __u8 proto, __u8 ctl, __u64 now)
 {
 	__u8 flags = v->flags;
 
-	if (proto == LBD_IPPROTO_TCP) {
-		if ((tcp_flags & (LBD_TCP_SYN | LBD_TCP_ACK)) == LBD_TCP_SYN)
-			flags &= ~LBD_NAT_F_CLOSING;
-		if (tcp_flags & (LBD_TCP_FIN | LBD_TCP_RST))
-			flags |= LBD_NAT_F_CLOSING;
-	}
+	if (nat_opens(proto, ctl))
+		flags &= ~LBD_NAT_F_CLOSING;
+	if (nat_closes(proto, ctl))
+		flags |= LBD_NAT_F_CLOSING;
 	if (flags != v->flags) {
 		if (flags & LBD_NAT_F_CLOSING)
 			count(CNT_NAT_CLOSING);

@@ -70,18 +70,23 @@ func run(tb testing.TB, prog *ebpf.Program, frame []byte) (uint32, []byte) {
 // flow is a client's conversation with a backend: its requests as the LB forwards
 // them (already DNAT'ed), and the backend's replies.
 type flow struct {
-	proto   uint8 // pktgen.ProtoTCP, ProtoUDP, or ProtoICMPv4 for an echo request
+	proto   uint8 // pktgen.ProtoTCP, ProtoUDP, ProtoSCTP, or ProtoICMPv4 for an echo request
 	client  netip.AddrPort
 	backend netip.AddrPort
 	flags   pktgen.TCPFlags
+	chunk   uint8 // SCTP: the type of the packet's one chunk, whose value is payload
 	payload []byte
 }
 
 func (f flow) packet(src, dst netip.AddrPort) pktgen.Packet {
 	p := pktgen.Packet{Src: src.Addr(), Dst: dst.Addr(), SrcPort: src.Port(), DstPort: dst.Port(), Proto: f.proto,
 		Flags: f.flags, Payload: f.payload}
-	if f.proto == pktgen.ProtoICMPv4 {
+	switch f.proto {
+	case pktgen.ProtoICMPv4:
 		p.ICMPType, p.ICMPRest = 8, 7<<16|1 // echo request, id 7, sequence 1
+	case pktgen.ProtoSCTP:
+		p.VTag, p.Payload = 0x5c7b0001, nil
+		p.Chunks = []pktgen.SCTPChunk{{Type: f.chunk, Value: f.payload}}
 	}
 	return p
 }

@@ -5,7 +5,10 @@
 #define BACKENDTC_SNAT_H
 
 /* SNAT of a reply: key holds the addresses and family; ports and proto are read
- * here. ip_off is the IP header, l4_off the TCP/UDP header. */
+ * here. ip_off is the IP header, l4_off the TCP/UDP/SCTP header. SCTP's CRC32c
+ * covers no address, so only the IP header's checksum changes; its port is the
+ * service's already (the control plane refuses anything else), and a reply whose
+ * port would have to change is dropped rather than sent with a broken CRC. */
 LBD_INLINE int snat(struct __sk_buff *skb, struct nat_key *key, __u32 ip_off,
 				__u32 l4_off, __u8 proto)
 {
@@ -14,7 +17,7 @@ LBD_INLINE int snat(struct __sk_buff *skb, struct nat_key *key, __u32 ip_off,
 	__be16 ports[2], vport;
 	__u32 csum_off = l4_off + (proto == LBD_IPPROTO_TCP ? offsetof(struct lbd_tcphdr, check) :
 							  offsetof(struct lbd_udphdr, check));
-	__u8 tcp_flags = 0;
+	__u8 ctl = 0;
 	/* A UDP checksum that computes to 0 is sent as 0xffff (RFC 768): 0 means "none",
 	 * which IPv4 allows and IPv6 receivers drop (RFC 8200 §8.1). MARK_MANGLED_0 does
 	 * that, and leaves a 0 that came in alone: over IPv4 it is the sender's "none",
@@ -32,6 +35,29 @@ LBD_INLINE int snat(struct __sk_buff *skb, struct nat_key *key, __u32 ip_off,
 		return LBD_TCX_NEXT;
 	addr_copy(vip, v->vip);
 	vport = v->vip_port;
+
+	if (proto == LBD_IPPROTO_SCTP) {
+		struct lbd_sctp_chunkhdr ch;
+
+		if (vport != ports[0])
+			return drop(CNT_DROP_SNAT_FAILED);
+		if (key->family == LBD_FAMILY_V4) {
+			__be32 from, to;
+
+			__builtin_memcpy(&from, key->backend, 4);
+			__builtin_memcpy(&to, vip, 4);
+			if (bpf_l3_csum_replace(skb, ip_off + offsetof(struct lbd_iphdr, check), from, to, 4) ||
+			    bpf_skb_store_bytes(skb, ip_off + offsetof(struct lbd_iphdr, saddr), &to, 4, 0))
+				return drop(CNT_DROP_SNAT_FAILED);
+		} else if (bpf_skb_store_bytes(skb, ip_off + offsetof(struct lbd_ipv6hdr, saddr), vip, 16, 0)) {
+			return drop(CNT_DROP_SNAT_FAILED);
+		}
+		if (bpf_skb_load_bytes(skb, l4_off + sizeof(struct lbd_sctphdr), &ch, sizeof(ch)) == 0)
+			ctl = ch.type;
+		nat_touch(v, proto, ctl, bpf_ktime_get_boot_ns());
+		count(CNT_SNAT_DONE);
+		return LBD_TCX_NEXT;
+	}
 
 	if (key->family == LBD_FAMILY_V4) {
 		__be32 from, to;
@@ -54,9 +80,9 @@ LBD_INLINE int snat(struct __sk_buff *skb, struct nat_key *key, __u32 ip_off,
 	}
 	if (bpf_skb_store_bytes(skb, l4_off, &vport, sizeof(vport), 0))
 		return drop(CNT_DROP_SNAT_FAILED);
-	if (proto == LBD_IPPROTO_TCP && bpf_skb_load_bytes(skb, l4_off + 13, &tcp_flags, 1) < 0)
-		tcp_flags = 0;
-	nat_touch(v, proto, tcp_flags, bpf_ktime_get_boot_ns());
+	if (proto == LBD_IPPROTO_TCP && bpf_skb_load_bytes(skb, l4_off + 13, &ctl, 1) < 0)
+		ctl = 0;
+	nat_touch(v, proto, ctl, bpf_ktime_get_boot_ns());
 	count(CNT_SNAT_DONE);
 	return LBD_TCX_NEXT;
 }
@@ -91,8 +117,8 @@ LBD_INLINE int rewrite_quoted(struct __sk_buff *skb, struct quoted *q,
 	 * (Linux quotes up to 576/1280 bytes). A UDP checksum that computes to 0 is
 	 * written 0xffff, as the client wrote it (RFC 768; RFC 8200 §8.1 for IPv6); a 0
 	 * in the quote is the client's own "none" (IPv4, or an IPv6 socket that opted
-	 * out) and stays. */
-	if (bpf_skb_load_bytes(skb, l4_csum_off, &l4_old, 2) == 0 &&
+	 * out) and stays. SCTP's CRC32c covers no address, and its port does not change. */
+	if (q->key.proto != LBD_IPPROTO_SCTP && bpf_skb_load_bytes(skb, l4_csum_off, &l4_old, 2) == 0 &&
 	    !(q->key.proto == LBD_IPPROTO_UDP && l4_old == 0)) {
 		l4_new = lbd_csum_apply(l4_old, diff + lbd_csum_diff2(q->key.backend_port, vport));
 		if (q->key.proto == LBD_IPPROTO_UDP && l4_new == 0)
@@ -130,7 +156,7 @@ LBD_INLINE int quoted_ports(struct __sk_buff *skb, struct quoted *q, __u8 proto)
 {
 	__be16 ports[2];
 
-	if (proto != LBD_IPPROTO_TCP && proto != LBD_IPPROTO_UDP)
+	if (proto != LBD_IPPROTO_TCP && proto != LBD_IPPROTO_UDP && proto != LBD_IPPROTO_SCTP)
 		return -1;
 	if (bpf_skb_load_bytes(skb, q->l4_off, ports, sizeof(ports)) < 0)
 		return -1;

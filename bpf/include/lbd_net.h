@@ -38,6 +38,7 @@
 #define LBD_IPPROTO_AH 51
 #define LBD_IPPROTO_ICMPV6 58
 #define LBD_IPPROTO_DSTOPTS 60
+#define LBD_IPPROTO_SCTP 132
 
 /* Address families as stored in lbd map keys (not AF_* values: these are smaller
  * and spell out the IP version). */
@@ -132,6 +133,32 @@ struct lbd_udphdr {
 	__sum16 check;
 };
 
+/* SCTP common header (RFC 9260 §3.1), then its first chunk's header. The CRC32c
+ * covers the SCTP packet alone, no pseudo-header: an address change leaves it
+ * valid, a port change would not. */
+struct lbd_sctphdr {
+	__be16 source;
+	__be16 dest;
+	__be32 vtag;
+	__le32 crc;
+};
+
+struct lbd_sctp_chunkhdr {
+	__u8 type;
+	__u8 flags;
+	__be16 len;
+};
+
+/* SCTP chunk types that move an association's state (RFC 9260 §3.2). */
+#define LBD_SCTP_DATA 0
+#define LBD_SCTP_INIT 1
+#define LBD_SCTP_INIT_ACK 2
+#define LBD_SCTP_ABORT 6
+#define LBD_SCTP_SHUTDOWN 7
+#define LBD_SCTP_SHUTDOWN_ACK 8
+#define LBD_SCTP_COOKIE_ECHO 10
+#define LBD_SCTP_SHUTDOWN_COMPLETE 14
+
 /* ICMP and ICMPv6 share this layout: type, code, checksum, 4 bytes of
  * type-specific data (the next-hop MTU of "fragmentation needed" sits in the low
  * 16 bits; ICMPv6 "packet too big" uses all 32). */
@@ -166,6 +193,7 @@ _Static_assert(sizeof(struct lbd_ipv6hdr) == 40, "ipv6hdr");
 _Static_assert(sizeof(struct lbd_tcphdr) == 20, "tcphdr");
 _Static_assert(sizeof(struct lbd_udphdr) == 8, "udphdr");
 _Static_assert(sizeof(struct lbd_icmphdr) == 8, "icmphdr");
+_Static_assert(sizeof(struct lbd_sctphdr) == 12, "sctphdr");
 _Static_assert(sizeof(struct lbd_ipv6_fraghdr) == 8, "fraghdr");
 
 #endif

@@ -215,4 +215,27 @@ LBD_INLINE struct lbd_udphdr *lbd_parse_udp(void *data, void *data_end, const st
 	return udp;
 }
 
+/* SCTP common header at p->l4_off and the header of its first chunk: both complete,
+ * the chunk's length at least its header and inside the IP packet. A packet without
+ * a chunk is no valid SCTP packet (RFC 9260 §3). */
+LBD_INLINE struct lbd_sctphdr *lbd_parse_sctp(void *data, void *data_end, const struct lbd_pkt *p,
+					      struct lbd_sctp_chunkhdr **chunk)
+{
+	struct lbd_sctphdr *sh;
+	struct lbd_sctp_chunkhdr *ch;
+	__u32 off = p->l4_off & LBD_L4_MASK, len;
+
+	if (off > LBD_MAX_L4_OFF)
+		return NULL;
+	sh = data + off;
+	ch = (void *)(sh + 1);
+	if ((void *)(ch + 1) > data_end)
+		return NULL;
+	len = bpf_ntohs(ch->len);
+	if (len < sizeof(*ch) || off + sizeof(*sh) + len > p->ip_end)
+		return NULL;
+	*chunk = ch;
+	return sh;
+}
+
 #endif

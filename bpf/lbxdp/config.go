@@ -27,6 +27,11 @@ type Config struct {
 	TCPEstablishedTimeout time.Duration
 	TCPClosingTimeout     time.Duration
 	UDPTimeout            time.Duration
+	// SCTP associations: handshake (INIT or COOKIE ECHO seen), established,
+	// closing (SHUTDOWN, SHUTDOWN ACK, ABORT or SHUTDOWN COMPLETE seen).
+	SCTPInitTimeout        time.Duration
+	SCTPEstablishedTimeout time.Duration
+	SCTPClosingTimeout     time.Duration
 	// TentativeTimeout applies to an entry created by a packet other than a TCP
 	// SYN (a mid-connection TCP packet, a first UDP datagram) until a later packet
 	// of the flow confirms it.
@@ -46,8 +51,13 @@ func DefaultConfig() Config {
 		TCPEstablishedTimeout: 6 * time.Hour,
 		TCPClosingTimeout:     10 * time.Second,
 		UDPTimeout:            60 * time.Second,
-		TentativeTimeout:      5 * time.Second,
-		GuardRate:             DefaultGuardRate,
+		// SCTP sends a heartbeat every 30 s on an idle path (RFC 9260 §8.3): an
+		// idle association is still seen long before its entry expires.
+		SCTPInitTimeout:        60 * time.Second,
+		SCTPEstablishedTimeout: 6 * time.Hour,
+		SCTPClosingTimeout:     10 * time.Second,
+		TentativeTimeout:       5 * time.Second,
+		GuardRate:              DefaultGuardRate,
 	}
 }
 
@@ -85,7 +95,8 @@ func (d *Datapath) SetConfig(c Config) error {
 	for _, t := range []struct {
 		dst *uint32
 		d   time.Duration
-	}{{&v.TcpSynTimeout, c.TCPSynTimeout}, {&v.TcpEstTimeout, c.TCPEstablishedTimeout}, {&v.TcpCloseTimeout, c.TCPClosingTimeout}, {&v.UdpTimeout, c.UDPTimeout}, {&v.TentativeTimeout, c.TentativeTimeout}} {
+	}{{&v.TcpSynTimeout, c.TCPSynTimeout}, {&v.TcpEstTimeout, c.TCPEstablishedTimeout}, {&v.TcpCloseTimeout, c.TCPClosingTimeout}, {&v.UdpTimeout, c.UDPTimeout}, {&v.TentativeTimeout, c.TentativeTimeout},
+		{&v.SctpInitTimeout, c.SCTPInitTimeout}, {&v.SctpEstTimeout, c.SCTPEstablishedTimeout}, {&v.SctpCloseTimeout, c.SCTPClosingTimeout}} {
 		if *t.dst, err = seconds(t.d); err != nil {
 			return fmt.Errorf("set config: %w", err)
 		}
@@ -125,14 +136,17 @@ func (d *Datapath) Config() (Config, error) {
 		return Config{}, fmt.Errorf("read config: %w", err)
 	}
 	c := Config{
-		HashSeed:              v.HashSeed,
-		VNI:                   v.Vni,
-		TCPSynTimeout:         time.Duration(v.TcpSynTimeout) * time.Second,
-		TCPEstablishedTimeout: time.Duration(v.TcpEstTimeout) * time.Second,
-		TCPClosingTimeout:     time.Duration(v.TcpCloseTimeout) * time.Second,
-		UDPTimeout:            time.Duration(v.UdpTimeout) * time.Second,
-		TentativeTimeout:      time.Duration(v.TentativeTimeout) * time.Second,
-		GuardRate:             v.CtGuardRate,
+		HashSeed:               v.HashSeed,
+		VNI:                    v.Vni,
+		TCPSynTimeout:          time.Duration(v.TcpSynTimeout) * time.Second,
+		TCPEstablishedTimeout:  time.Duration(v.TcpEstTimeout) * time.Second,
+		TCPClosingTimeout:      time.Duration(v.TcpCloseTimeout) * time.Second,
+		UDPTimeout:             time.Duration(v.UdpTimeout) * time.Second,
+		SCTPInitTimeout:        time.Duration(v.SctpInitTimeout) * time.Second,
+		SCTPEstablishedTimeout: time.Duration(v.SctpEstTimeout) * time.Second,
+		SCTPClosingTimeout:     time.Duration(v.SctpCloseTimeout) * time.Second,
+		TentativeTimeout:       time.Duration(v.TentativeTimeout) * time.Second,
+		GuardRate:              v.CtGuardRate,
 	}
 	if v.Src4 != [4]byte{} {
 		c.Source4 = netip.AddrFrom4(v.Src4)

@@ -19,8 +19,8 @@ type Flow struct {
 	Proto uint8
 }
 
-// CTState is the TCP-derived state of a conntrack entry; it selects the
-// entry's timeout.
+// CTState is the state of a conntrack entry, from TCP flags or SCTP chunk types;
+// it selects the entry's timeout.
 type CTState uint8
 
 // Conntrack states, mirroring enum lb_ct_state.
@@ -29,6 +29,12 @@ const (
 	CTSyn         CTState = 1 // SYN seen, no ACK yet
 	CTEstablished CTState = 2
 	CTClosing     CTState = 3 // FIN or RST seen
+	// SCTP associations, from the client's chunks (the LB node sees no other).
+	CTSCTPInit        CTState = 4 // INIT seen
+	CTSCTPCookie      CTState = 5 // COOKIE ECHO seen
+	CTSCTPEstablished CTState = 6
+	CTSCTPShutdown    CTState = 7 // SHUTDOWN or SHUTDOWN ACK seen
+	CTSCTPClosed      CTState = 8 // ABORT or SHUTDOWN COMPLETE seen
 )
 
 func (s CTState) String() string {
@@ -41,6 +47,16 @@ func (s CTState) String() string {
 		return "established"
 	case CTClosing:
 		return "closing"
+	case CTSCTPInit:
+		return "sctp-init"
+	case CTSCTPCookie:
+		return "sctp-cookie-echoed"
+	case CTSCTPEstablished:
+		return "sctp-established"
+	case CTSCTPShutdown:
+		return "sctp-shutdown"
+	case CTSCTPClosed:
+		return "sctp-closed"
 	}
 	return fmt.Sprintf("state(%d)", uint8(s))
 }
@@ -68,6 +84,7 @@ func (e CTEntry) Expired(now time.Duration) bool { return now >= e.ExpiresAt }
 // ctTimeouts are the conntrack timeouts of a Config in the datapath's seconds.
 type ctTimeouts struct {
 	syn, est, closing, udp, tentative uint32
+	sctpInit, sctpEst, sctpClosing    uint32
 }
 
 // timeouts reads the config's conntrack timeouts.
@@ -76,7 +93,8 @@ func (d *Datapath) timeouts() (ctTimeouts, error) {
 	if err := d.objs.LbCfg.Lookup(uint32(0), &v); err != nil {
 		return ctTimeouts{}, fmt.Errorf("read conntrack timeouts: %w", err)
 	}
-	return ctTimeouts{v.TcpSynTimeout, v.TcpEstTimeout, v.TcpCloseTimeout, v.UdpTimeout, v.TentativeTimeout}, nil
+	return ctTimeouts{v.TcpSynTimeout, v.TcpEstTimeout, v.TcpCloseTimeout, v.UdpTimeout, v.TentativeTimeout,
+		v.SctpInitTimeout, v.SctpEstTimeout, v.SctpCloseTimeout}, nil
 }
 
 // of returns the timeout of an entry in seconds, as lb_ct_timeout does.
@@ -91,6 +109,12 @@ func (t ctTimeouts) of(v *lbxdpLbCt) uint32 {
 		return t.est
 	case CTClosing:
 		return t.closing
+	case CTSCTPInit, CTSCTPCookie:
+		return t.sctpInit
+	case CTSCTPEstablished:
+		return t.sctpEst
+	case CTSCTPShutdown, CTSCTPClosed:
+		return t.sctpClosing
 	}
 	return t.udp
 }

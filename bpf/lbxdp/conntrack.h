@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* Conntrack on LB nodes (included by lbxdp.c after its maps): states derived from
- * TCP flags, their timeouts, the lookup of the packet's flow, the insert of a new
+ * TCP flags and SCTP chunk types, their timeouts, the lookup of the packet's flow, the insert of a new
  * one and the flood guard. An entry keeps a flow on its backend when the Maglev
  * table changes.
  *
@@ -73,14 +73,53 @@ LBD_INLINE __u32 lb_ct_timeout(const struct lb_config *cfg, const struct lb_ct *
 		return cfg->tcp_est_timeout;
 	case LB_CT_CLOSING:
 		return cfg->tcp_close_timeout;
+	case LB_CT_SCTP_INIT:
+	case LB_CT_SCTP_COOKIE:
+		return cfg->sctp_init_timeout;
+	case LB_CT_SCTP_ESTABLISHED:
+		return cfg->sctp_est_timeout;
+	case LB_CT_SCTP_SHUTDOWN:
+	case LB_CT_SCTP_CLOSED:
+		return cfg->sctp_close_timeout;
 	}
 	return cfg->udp_timeout;
+}
+
+/* Whether the packet opens a connection: a TCP SYN without ACK, an SCTP INIT. */
+LBD_INLINE int lb_ct_opens(const struct lb_pkt *pk)
+{
+	if (pk->p.proto == LBD_IPPROTO_SCTP)
+		return pk->sctp_chunk == LBD_SCTP_INIT;
+	return (pk->tcp_flags & (LBD_TCP_SYN | LBD_TCP_ACK)) == LBD_TCP_SYN;
+}
+
+/* SCTP state after a packet whose first chunk is the packet's (RFC 9260 §4, as seen
+ * from the client's side only). An INIT on a live association is the peer
+ * restarting it (§5.2.4): the entry stays where it is. */
+LBD_INLINE __u8 lb_ct_sctp_next(__u8 chunk, __u8 state)
+{
+	switch (chunk) {
+	case LBD_SCTP_ABORT:
+	case LBD_SCTP_SHUTDOWN_COMPLETE:
+		return LB_CT_SCTP_CLOSED;
+	case LBD_SCTP_SHUTDOWN:
+	case LBD_SCTP_SHUTDOWN_ACK:
+		return LB_CT_SCTP_SHUTDOWN;
+	case LBD_SCTP_INIT:
+		return state == LB_CT_OTHER || state == LB_CT_SCTP_CLOSED ? LB_CT_SCTP_INIT : state;
+	case LBD_SCTP_COOKIE_ECHO:
+		return state == LB_CT_OTHER || state == LB_CT_SCTP_INIT ? LB_CT_SCTP_COOKIE : state;
+	}
+	return state == LB_CT_OTHER || state == LB_CT_SCTP_INIT || state == LB_CT_SCTP_COOKIE ?
+		       LB_CT_SCTP_ESTABLISHED : state;
 }
 
 /* State of a new entry from the packet that creates it. A flow first seen
  * mid-connection (another LB node had it) starts established, but tentative. */
 LBD_INLINE __u8 lb_ct_state_new(const struct lb_pkt *pk)
 {
+	if (pk->p.proto == LBD_IPPROTO_SCTP)
+		return lb_ct_sctp_next(pk->sctp_chunk, LB_CT_OTHER);
 	if (pk->p.proto != LBD_IPPROTO_TCP)
 		return LB_CT_OTHER;
 	if (pk->tcp_flags & (LBD_TCP_FIN | LBD_TCP_RST))
@@ -92,6 +131,8 @@ LBD_INLINE __u8 lb_ct_state_new(const struct lb_pkt *pk)
 
 LBD_INLINE __u8 lb_ct_state_next(const struct lb_pkt *pk, __u8 state)
 {
+	if (pk->p.proto == LBD_IPPROTO_SCTP)
+		return lb_ct_sctp_next(pk->sctp_chunk, state);
 	if (pk->p.proto != LBD_IPPROTO_TCP)
 		return LB_CT_OTHER;
 	if (pk->tcp_flags & (LBD_TCP_FIN | LBD_TCP_RST))
@@ -101,14 +142,14 @@ LBD_INLINE __u8 lb_ct_state_next(const struct lb_pkt *pk, __u8 state)
 	return state;
 }
 
-/* A usable conntrack entry: idle no longer than its timeout, and not a closing
- * flow that a new SYN re-balances. The signed difference keeps an entry that
- * another CPU's clock, a tick ahead, wrote a second later than now. */
+/* A usable conntrack entry: idle no longer than its timeout, and not a closed
+ * flow that a new SYN or INIT re-balances. The signed difference keeps an entry
+ * that another CPU's clock, a tick ahead, wrote a second later than now. */
 LBD_INLINE int lb_ct_usable(const struct lb_ct *ct, const struct lb_pkt *pk, const struct lb_config *cfg,
 			    __u32 sec)
 {
 	return (__s32)(sec - ct->last_seen) <= (__s32)lb_ct_timeout(cfg, ct) &&
-	       !(ct->state == LB_CT_CLOSING && (pk->tcp_flags & (LBD_TCP_SYN | LBD_TCP_ACK)) == LBD_TCP_SYN);
+	       !((ct->state == LB_CT_CLOSING || ct->state == LB_CT_SCTP_CLOSED) && lb_ct_opens(pk));
 }
 
 /* The service whose ID a conntrack entry holds, if it is still the service of
@@ -182,7 +223,7 @@ LBD_INLINE __u32 lb_ct_create(struct lb_pkt *pk, struct lb_clock *clk, const str
 	struct lb_ct *cur;
 	long err;
 
-	if (nct.state != LB_CT_SYN)
+	if (nct.state != LB_CT_SYN && nct.state != LB_CT_SCTP_INIT)
 		nct.flags = LB_CT_F_TENTATIVE;
 	if (!lb_ct_admit(pk, clk, cfg))
 		return be_id;

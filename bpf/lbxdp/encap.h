@@ -16,7 +16,9 @@ LBD_INLINE __u32 lb_encap_len(__u8 node_family, __u8 vip_family)
 }
 
 /* Rewrite the client packet's destination to the backend (address, and port
- * unless the backend keeps the client's port), fixing IP and L4 checksums. */
+ * unless the backend keeps the client's port), fixing IP and L4 checksums. An SCTP
+ * packet keeps its port: its CRC32c covers no addresses, but the ports (the control
+ * plane refuses SCTP backends on another port than the service's). */
 LBD_INLINE int lb_dnat(struct xdp_md *ctx, struct lb_pkt *pk, const struct lb_backend *be)
 {
 	void *data = (void *)(long)ctx->data;
@@ -45,6 +47,8 @@ LBD_INLINE int lb_dnat(struct xdp_md *ctx, struct lb_pkt *pk, const struct lb_ba
 		diff = lbd_csum_diff16(ip6->daddr, be->addr);
 		__builtin_memcpy(ip6->daddr, be->addr, 16);
 	}
+	if (pk->p.proto == LBD_IPPROTO_SCTP)
+		return 0;
 	diff += lbd_csum_diff2(pk->flow.dport, port);
 	if (pk->p.proto == LBD_IPPROTO_TCP) {
 		struct lbd_tcphdr *tcp = data + l4;
@@ -69,7 +73,7 @@ LBD_INLINE int lb_dnat(struct xdp_md *ctx, struct lb_pkt *pk, const struct lb_ba
  * Linux calls local checksum offload): a transport segment with a valid
  * checksum sums to the complement of its pseudo-header; a valid IPv4 header and
  * an ICMPv4 message sum to zero. Returns -1 when the inner packet carries no
- * checksum to derive from (UDP over IPv4 with checksum 0). */
+ * checksum to derive from (UDP over IPv4 with checksum 0, SCTP). */
 LBD_INLINE __s64 lb_inner_sum(struct xdp_md *ctx, __u32 l3, __u32 l4, __u32 end, __u8 family, __u8 proto)
 {
 	void *data = (void *)(long)ctx->data;
@@ -77,7 +81,8 @@ LBD_INLINE __s64 lb_inner_sum(struct xdp_md *ctx, __u32 l3, __u32 l4, __u32 end,
 	__u64 sum = 0, pseudo;
 	__u32 l4len = end - l4, off, i;
 
-	if (l3 > 256 || l4 > 256 + LBD_MAX_L4_OFF)
+	/* SCTP's CRC32c is no one's complement sum: nothing to derive from. */
+	if (l3 > 256 || l4 > 256 + LBD_MAX_L4_OFF || proto == LBD_IPPROTO_SCTP)
 		return -1;
 	if (family == LBD_FAMILY_V4) {
 		struct lbd_iphdr *ip = data + l3;
@@ -262,7 +267,8 @@ LBD_INLINE int lb_encap(struct xdp_md *ctx, struct lb_pkt *pk, const struct lb_b
 	if (be->node_family == LBD_FAMILY_V6) {
 		if (inner_sum < 0) {
 			/* Zero checksum over IPv6 is allowed for tunnels (RFC 6935) and is the
-			 * only choice when the inner UDP packet has none to derive from. */
+			 * only choice when the inner packet has none to derive from (UDP without
+			 * one, SCTP). */
 			udp->check = 0;
 		} else {
 			const __u32 *w = (const __u32 *)udp;

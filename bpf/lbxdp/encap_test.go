@@ -23,6 +23,10 @@ func encapEnv(t testing.TB) *env {
 	e.addBackend(t, 5, "2001:db8:20::5", 8443, "2001:db8:10::5")
 	e.addBackend(t, 6, "198.18.20.6", 0, "198.18.10.6")
 	e.addBackend(t, 7, "2001:db8:20::7", 8443, "2001:db8:11::7")
+	e.addBackend(t, 8, "198.18.20.8", 36412, "198.18.10.8")
+	e.addBackend(t, 9, "2001:db8:20::9", 36412, "2001:db8:10::9")
+	e.addBackend(t, 10, "198.18.20.10", 0, "2001:db8:10::10")
+	e.addBackend(t, 11, "198.18.20.11", 53, "198.18.10.11")
 	for _, s := range []svcSetup{
 		{ServiceKey{vip4, 80, ProtoTCP}, Service{ID: 1}, []uint32{1}},
 		{ServiceKey{vip4, 53, ProtoUDP}, Service{ID: 2}, []uint32{1}},
@@ -34,6 +38,11 @@ func encapEnv(t testing.TB) *env {
 		{ServiceKey{vip6, 53, ProtoUDP}, Service{ID: 8}, []uint32{5}},
 		{ServiceKey{vip4b, 0, ProtoTCP}, Service{ID: 9}, []uint32{6}},
 		{ServiceKey{vip6, 82, ProtoTCP}, Service{ID: 10}, []uint32{7}},
+		{ServiceKey{vip4, 36412, ProtoSCTP}, Service{ID: 11}, []uint32{8}},
+		{ServiceKey{vip6, 36412, ProtoSCTP}, Service{ID: 12}, []uint32{9}},
+		{ServiceKey{vip4c, 0, ProtoSCTP}, Service{ID: 13}, []uint32{10}},
+		// The port of the UDP service 2, SCTP's: another service.
+		{ServiceKey{vip4, 53, ProtoSCTP}, Service{ID: 14}, []uint32{11}},
 	} {
 		e.addService(t, s)
 	}
@@ -92,6 +101,15 @@ func TestEncap(t *testing.T) {
 			XDPTx, "198.18.10.1", "198.18.20.1", 8080),
 		encapCase("tcp4 ipv4 df kept inside", pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 40018, DstPort: 82, Payload: pktgen.Bytes(1), DF: true},
 			XDPTx, "2001:db8:10::3", "198.18.20.3", 8080),
+		// SCTP: the address changes, the port and so the CRC32c do not.
+		encapCase("sctp4 init over ipv4", sctpPacket(client4, vip4, 40019, 36412, pktgen.SCTPInit),
+			XDPTx, "198.18.10.8", "198.18.20.8", 36412),
+		encapCase("sctp6 data over ipv6", sctpPacket(client6, vip6, 40020, 36412, pktgen.SCTPData),
+			XDPTx, "2001:db8:10::9", "2001:db8:20::9", 36412),
+		encapCase("sctp4 all ports over ipv6", sctpPacket(client4, vip4c, 40021, 3868, pktgen.SCTPInit),
+			XDPTx, "2001:db8:10::10", "198.18.20.10", 3868),
+		encapCase("sctp4 on a udp service's port", sctpPacket(client4, vip4, 40022, 53, pktgen.SCTPInit),
+			XDPTx, "198.18.10.11", "198.18.20.11", 53),
 	})
 }
 
@@ -154,9 +172,9 @@ func checkEncap(t *testing.T, e *env, in pktgen.Packet, out []byte, viaC bool, n
 		if d.Src() != src6 || d.Dst() != node {
 			t.Errorf("outer IPv6 %v -> %v, want %v -> %v", d.Src(), d.Dst(), src6, node)
 		}
-		if in.Proto == ProtoUDP && in.NoUDPChecksum {
+		if in.Proto == ProtoUDP && in.NoUDPChecksum || in.Proto == ProtoSCTP {
 			if d.UDP.Checksum != 0 {
-				t.Errorf("outer UDP checksum %#x, want 0 (inner UDP has none)", d.UDP.Checksum)
+				t.Errorf("outer UDP checksum %#x, want 0 (the inner packet has no one's complement sum to derive it from)", d.UDP.Checksum)
 			}
 		} else if err := pktgen.VerifyIP(d.IP); err != nil {
 			t.Errorf("outer UDP over IPv6: %v", err)

@@ -45,7 +45,7 @@ func TestVIPFilter(t *testing.T) {
 	if n := 8 * len(lbxdpLbVipBitmap{}.Bits); n != 1<<vipFilterOrder {
 		t.Fatalf("filter of %d buckets, want %d", n, 1<<vipFilterOrder)
 	}
-	want := map[uint32]bool{bucketOf(vip4): true, bucketOf(vip4b): true, bucketOf(vip6): true}
+	want := map[uint32]bool{bucketOf(vip4): true, bucketOf(vip4b): true, bucketOf(vip4c): true, bucketOf(vip6): true}
 	if got := filterBits(t, e.d); len(got) != len(want) {
 		t.Errorf("filter buckets %v, want %v", got, want)
 	} else {

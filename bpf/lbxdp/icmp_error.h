@@ -78,7 +78,7 @@ LBD_INLINE int lb_icmp_error(struct xdp_md *ctx, struct lb_pkt *pk)
 		sk.proto = eip6->nexthdr;
 		__builtin_memcpy(pk->flow.saddr, eip6->daddr, 16);
 	}
-	if (sk.proto != LBD_IPPROTO_TCP && sk.proto != LBD_IPPROTO_UDP)
+	if (sk.proto != LBD_IPPROTO_TCP && sk.proto != LBD_IPPROTO_UDP && sk.proto != LBD_IPPROTO_SCTP)
 		return lb_drop(pk, LB_DROP_NO_SERVICE);
 	vport = eports[0];
 	__builtin_memcpy(sk.addr, pk->flow.daddr, 16);

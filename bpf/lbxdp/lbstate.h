@@ -100,7 +100,8 @@ LBD_INLINE __u32 lb_maglev_pick(const struct lb_service *svc, __u32 hash)
 /* The all-ports service of the key's VIP and protocol, if the VIP has one. */
 LBD_INLINE struct lb_service *lb_service_wild(struct lb_service_key *sk, const struct lb_vip *vip)
 {
-	__u16 wild = sk->proto == LBD_IPPROTO_TCP ? vip->wild_tcp : vip->wild_udp;
+	__u16 wild = sk->proto == LBD_IPPROTO_TCP ? vip->wild_tcp :
+		     sk->proto == LBD_IPPROTO_UDP ? vip->wild_udp : vip->wild_sctp;
 
 	if (!wild)
 		return NULL;

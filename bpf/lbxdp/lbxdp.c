@@ -141,6 +141,7 @@ struct lb_pkt {
 	__u32 hash;            /* flow hash (5-tuple + seed) */
 	__u32 ip_len;          /* bytes of the client's IP packet */
 	__u8 tcp_flags;
+	__u8 sctp_chunk;       /* type of an SCTP packet's first chunk */
 	__u8 trace;            /* side-effect-free run (lb_trace_meta) */
 	__u8 reason;           /* last counted reason (enum lb_drop_reason), for traces */
 	__u8 fib_rc;           /* last FIB lookup result, for traces */
@@ -271,6 +272,17 @@ LBD_INLINE int lb_handle_vip(struct xdp_md *ctx, struct lb_pkt *pk)
 		pk->flow.dport = udp->dest;
 		break;
 	}
+	case LBD_IPPROTO_SCTP: {
+		struct lbd_sctp_chunkhdr *ch;
+		struct lbd_sctphdr *sh = lbd_parse_sctp(data, data_end, &pk->p, &ch);
+
+		if (!sh)
+			return lb_vip_get(&pk->flow) ? lb_drop(pk, LB_DROP_MALFORMED) : XDP_PASS;
+		pk->flow.sport = sh->source;
+		pk->flow.dport = sh->dest;
+		pk->sctp_chunk = ch->type;
+		break;
+	}
 	case LBD_IPPROTO_ICMP:
 		if (pk->p.family != LBD_FAMILY_V4)
 			return lb_not_handled(pk);
@@ -291,10 +303,10 @@ LBD_INLINE int lb_handle_vip(struct xdp_md *ctx, struct lb_pkt *pk)
 	now = clk->ns;
 
 	/* Conntrack first: an established flow whose service is still the
-	 * destination's needs no service lookup. A SYN almost always opens a
-	 * flow: it skips the lookup and finds out whether the flow has an entry
-	 * from its insert (lb_ct_create). */
-	syn = (pk->tcp_flags & (LBD_TCP_SYN | LBD_TCP_ACK)) == LBD_TCP_SYN;
+	 * destination's needs no service lookup. A SYN (an SCTP INIT) almost
+	 * always opens a flow: it skips the lookup and finds out whether the flow
+	 * has an entry from its insert (lb_ct_create). */
+	syn = lb_ct_opens(pk);
 	/* A trace inserts nothing: it looks the SYN's flow up, to report the entry that
 	 * the insert would find. */
 	if (!syn || pk->trace) {

@@ -46,12 +46,18 @@ enum lb_drop_reason {
 /* lb_trace_meta.reason of a packet that hit no reason above. */
 #define LB_REASON_NONE 0xff
 
-/* TCP-derived state of a conntrack entry; selects its timeout. */
+/* State of a conntrack entry, from TCP flags or SCTP chunk types; selects its
+ * timeout. The LB node sees the client's packets only (replies go straight back). */
 enum lb_ct_state {
 	LB_CT_OTHER = 0,   /* UDP: idle timeout */
 	LB_CT_SYN = 1,     /* SYN seen, no ACK yet */
 	LB_CT_ESTABLISHED = 2,
 	LB_CT_CLOSING = 3, /* FIN or RST seen: short timeout; a new SYN re-balances */
+	LB_CT_SCTP_INIT = 4,        /* INIT seen */
+	LB_CT_SCTP_COOKIE = 5,      /* COOKIE ECHO seen: the handshake's last step */
+	LB_CT_SCTP_ESTABLISHED = 6, /* any other chunk after the handshake */
+	LB_CT_SCTP_SHUTDOWN = 7,    /* SHUTDOWN or SHUTDOWN ACK seen */
+	LB_CT_SCTP_CLOSED = 8,      /* ABORT or SHUTDOWN COMPLETE seen: a new INIT re-balances */
 };
 
 struct lb_vip_key {
@@ -65,6 +71,8 @@ struct lb_vip {
 	__u32 services;
 	__u16 wild_tcp;
 	__u16 wild_udp;
+	__u16 wild_sctp;
+	__u16 pad;
 };
 
 struct lb_service_key {
@@ -212,6 +220,9 @@ struct lb_config {
 	/* New flows a second and CPU that get a conntrack entry; past it new flows
 	 * are balanced by Maglev alone (lb_ct_admit). 0: no limit. */
 	__u32 ct_guard_rate;
+	__u32 sctp_init_timeout;  /* seconds: INIT or COOKIE ECHO seen */
+	__u32 sctp_est_timeout;
+	__u32 sctp_close_timeout; /* SHUTDOWN, ABORT or SHUTDOWN COMPLETE seen */
 };
 
 /* Metadata (data_meta) asking for a side-effect-free run: no conntrack,

@@ -60,6 +60,9 @@ type lbxdpLbConfig struct {
 	RouteGen         uint32
 	TentativeTimeout uint32
 	CtGuardRate      uint32
+	SctpInitTimeout  uint32
+	SctpEstTimeout   uint32
+	SctpCloseTimeout uint32
 }
 
 type lbxdpLbCounter struct {
@@ -150,6 +153,8 @@ type lbxdpLbVip struct {
 	Services uint32
 	WildTcp  uint16
 	WildUdp  uint16
+	WildSctp uint16
+	Pad      uint16
 }
 
 type lbxdpLbVipBitmap struct {

@@ -49,7 +49,7 @@ func TestPass(t *testing.T) {
 		noService("icmpv6 echo to vip6", pktgen.Packet{Src: client6, Dst: vip6, TTL: 64, Proto: pktgen.ProtoICMPv6, ICMPType: 128,
 			ICMPRest: 1<<16 | 1, Payload: []byte("ping")}.Frame()),
 		noService("another protocol to vip", pktgen.Edit(pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 1, DstPort: 80}.Frame(),
-			func(b []byte, at pktgen.Offsets) { setIPv4Protocol(b[at.L3:], 132) })),
+			func(b []byte, at pktgen.Offsets) { setIPv4Protocol(b[at.L3:], 253) })),
 		pass("neighbour solicitation to vip6", echoFrame(client6, vip6)),
 		pass("truncated tcp to another address", truncatedTCP),
 		pass("tcp4 from the vip", pktgen.Packet{Src: vip4, Dst: client4, SrcPort: 80, DstPort: 1234}.Frame()),

@@ -13,8 +13,9 @@ import (
 
 // Protocol numbers a service can match.
 const (
-	ProtoTCP uint8 = 6
-	ProtoUDP uint8 = 17
+	ProtoTCP  uint8 = 6
+	ProtoUDP  uint8 = 17
+	ProtoSCTP uint8 = 132
 )
 
 // ServiceKey identifies a service: VIP, port (0: all ports) and protocol.
@@ -68,7 +69,7 @@ func (k ServiceKey) raw() (lbxdpLbServiceKey, error) {
 	if err != nil {
 		return lbxdpLbServiceKey{}, err
 	}
-	if k.Proto != ProtoTCP && k.Proto != ProtoUDP {
+	if k.Proto != ProtoTCP && k.Proto != ProtoUDP && k.Proto != ProtoSCTP {
 		return lbxdpLbServiceKey{}, fmt.Errorf("protocol %d: %w", k.Proto, ErrRange)
 	}
 	return lbxdpLbServiceKey{Addr: addr, Port: htons(k.Port), Proto: k.Proto, Family: fam}, nil
@@ -179,11 +180,7 @@ func (d *Datapath) adjustVIP(k lbxdpLbServiceKey, delta int) error {
 	}
 	v.Services = uint32(int(v.Services) + delta)
 	if k.Port == 0 {
-		if k.Proto == ProtoTCP {
-			v.WildTcp = uint16(int(v.WildTcp) + delta)
-		} else {
-			v.WildUdp = uint16(int(v.WildUdp) + delta)
-		}
+		v.addWild(k.Proto, delta)
 	}
 	if v.Services == 0 {
 		if err := d.objs.LbVips.Delete(&vk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
@@ -207,6 +204,18 @@ func (d *Datapath) adjustVIP(k lbxdpLbServiceKey, delta int) error {
 		return fmt.Errorf("update vip: %w", err)
 	}
 	return nil
+}
+
+// addWild counts an all-ports service of the protocol in or out.
+func (v *lbxdpLbVip) addWild(proto uint8, delta int) {
+	switch proto {
+	case ProtoTCP:
+		v.WildTcp = uint16(int(v.WildTcp) + delta)
+	case ProtoUDP:
+		v.WildUdp = uint16(int(v.WildUdp) + delta)
+	default:
+		v.WildSctp = uint16(int(v.WildSctp) + delta)
+	}
 }
 
 // Services lists all services.

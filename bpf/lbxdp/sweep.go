@@ -13,7 +13,8 @@ import (
 // SweepConntrack deletes every conntrack entry expired at now (MonotonicNow clock),
 // then, if more than the configured capacity (Options.ConntrackSize) are left,
 // reclaims the excess from the entries that hold no established flow: unconfirmed
-// ones (tentative, or TCP SYN only) and closing ones (FIN or RST seen), the longest
+// ones (tentative, TCP SYN only, an SCTP handshake) and closing ones (FIN or RST
+// seen, an SCTP shutdown or abort), the longest
 // idle first. It returns how many entries it read and deleted, expired and
 // reclaimed, and how full the maps are left; ConntrackEvents counts the reclaimed
 // too (CTReclaimed).
@@ -189,9 +190,16 @@ const idleBuckets = 1 << 16
 type idleHistogram [idleBuckets]int32
 
 // reclaimable reports whether an entry holds no established flow: tentative, SYN
-// only, or closing.
+// only (an SCTP handshake), or closing (an SCTP association shutting down or gone).
 func reclaimable(v *lbxdpLbCt) bool {
-	return v.Flags&ctTentative != 0 || CTState(v.State) == CTSyn || CTState(v.State) == CTClosing
+	if v.Flags&ctTentative != 0 {
+		return true
+	}
+	switch CTState(v.State) {
+	case CTSyn, CTClosing, CTSCTPInit, CTSCTPCookie, CTSCTPShutdown, CTSCTPClosed:
+		return true
+	}
+	return false
 }
 
 func idleOf(v *lbxdpLbCt, nowSec uint32) int {

@@ -25,11 +25,7 @@ func (d *Datapath) VerifyIndexes() ([]string, error) {
 		v := want[vk]
 		v.Services++
 		if sk.Port == 0 {
-			if sk.Proto == ProtoTCP {
-				v.WildTcp++
-			} else {
-				v.WildUdp++
-			}
+			v.addWild(sk.Proto, 1)
 		}
 		want[vk] = v
 		byID[sv.Id] = lbxdpLbSvcEntry{Key: sk, Svc: sv}

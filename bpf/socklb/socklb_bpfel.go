@@ -35,6 +35,9 @@ type socklbLbConfig struct {
 	RouteGen         uint32
 	TentativeTimeout uint32
 	CtGuardRate      uint32
+	SctpInitTimeout  uint32
+	SctpEstTimeout   uint32
+	SctpCloseTimeout uint32
 }
 
 type socklbLbService struct {
@@ -58,6 +61,8 @@ type socklbLbVip struct {
 	Services uint32
 	WildTcp  uint16
 	WildUdp  uint16
+	WildSctp uint16
+	Pad      uint16
 }
 
 type socklbLbVipKey struct {
