@@ -459,7 +459,7 @@ func TestDatapathUsageErrors(t *testing.T) {
 		{[]string{"conntrack", "list", "--limit", "0"}, "--limit must be positive"},
 		{[]string{"conntrack", "list", "--limit", "-1"}, `invalid argument "-1" for "--limit"`},
 		{[]string{"trace", "tcp", "198.51.100.7", "40000", "203.0.113.10"}, "takes 5 argument(s) (PROTOCOL, SRC-ADDR, SRC-PORT, VIP, PORT), got 4"},
-		{[]string{"trace", "sctp", "198.51.100.7", "40000", "203.0.113.10", "80"}, `protocol "sctp": must be one of tcp, udp`},
+		{[]string{"trace", "icmp", "198.51.100.7", "40000", "203.0.113.10", "80"}, `protocol "icmp": must be one of tcp, udp, sctp`},
 		{[]string{"trace", "tcp", "client", "40000", "203.0.113.10", "80"}, `source address: "client" is not an IP address`},
 		{[]string{"trace", "tcp", "198.51.100.7", "65536", "203.0.113.10", "80"}, `source port: "65536" is not a port (0-65535)`},
 		{[]string{"trace", "tcp", "198.51.100.7", "40000", "203.0.113.10:80", "80"}, `VIP: "203.0.113.10:80" is not an IP address`},
@@ -517,7 +517,7 @@ func TestDatapathCompletion(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"trace", ""}, "[tcp udp]"},
+		{[]string{"trace", ""}, "[tcp udp sctp]"},
 		{[]string{"trace", "tcp", "198.51.100.7", "40000", ""}, "[203.0.113.10 2001:db8::10]"},
 		{[]string{"trace", "tcp", "198.51.100.7", "40000", "2001", ""}, "[]"},
 		{[]string{"conntrack", "list", "--vip", "203"}, "[203.0.113.10]"},

@@ -39,7 +39,7 @@ func TestEnumLabels(t *testing.T) {
 		e    protoreflect.Enum
 		want string
 	}{
-		{lbdv1.Protocol(0), "[tcp udp]"},
+		{lbdv1.Protocol(0), "[tcp udp sctp]"},
 		{lbdv1.HashMode(0), "[five-tuple source-address]"},
 		{lbdv1.HealthCheckType(0), "[none tcp http https]"},
 		{lbdv1.ServiceState(0), "[pending ready no-backends error]"},

@@ -123,7 +123,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"service", "create", "x", "--port", "80"}, "--vip is required"},
 		{[]string{"service", "create", "x", "--vip", "203.0.113.1"}, "--port is required"},
 		{[]string{"service", "create", "x", "--vip", "203.0.113.1", "--port", "70000"}, `invalid argument "70000" for "--port"`},
-		{[]string{"service", "create", "x", "--vip", "203.0.113.1", "--port", "80", "--protocol", "sctp"}, "must be one of tcp, udp"},
+		{[]string{"service", "create", "x", "--vip", "203.0.113.1", "--port", "80", "--protocol", "icmp"}, "must be one of tcp, udp, sctp"},
 		{[]string{"service", "create", "x", "--vip", "203.0.113.1", "--port", "80", "--backend", "198.18.1.1"}, `"198.18.1.1" is not address:port`},
 		{[]string{"service", "create", "x", "--vip", "203.0.113.1", "--port", "80", "--backend", "198.18.1.1:80,color=red"}, `unknown key "color"`},
 		{[]string{"service", "create", "x", "--vip", "203.0.113.1", "--port", "80", "--backend", "198.18.1.1:80,weight=x"}, `weight "x" is not a number`},

@@ -107,6 +107,21 @@ func TestBadRequestsChangeNothing(t *testing.T) {
 		{"port too big", nil, create(svcWith(func(s *lbdv1.Service) { s.Port = 65536 })), codes.InvalidArgument, "service.port"},
 		{"no protocol", nil, create(svcWith(func(s *lbdv1.Service) { s.Protocol = 0 })), codes.InvalidArgument, "service.protocol"},
 		{"unknown protocol", nil, create(svcWith(func(s *lbdv1.Service) { s.Protocol = 9 })), codes.InvalidArgument, "service.protocol"},
+		{"sctp backend on another port", nil, create(svcWith(func(s *lbdv1.Service) { s.Protocol = lbdv1.Protocol_PROTOCOL_SCTP })),
+			codes.InvalidArgument, "service.backends[0].port"},
+		{"sctp health check on the backend's port", nil, create(svcWith(func(s *lbdv1.Service) {
+			s.Protocol, s.Port = lbdv1.Protocol_PROTOCOL_SCTP, 8080
+			s.HealthCheck = &lbdv1.HealthCheck{Type: lbdv1.HealthCheckType_HEALTH_CHECK_TYPE_TCP}
+		})), codes.InvalidArgument, "service.health_check.port"},
+		{"sctp backend added on another port", func(c *clients) error {
+			_, err := c.lb.CreateService(bg(), &lbdv1.CreateServiceRequest{Service: svcWith(func(s *lbdv1.Service) {
+				s.Name, s.Protocol, s.Port = "sctp", lbdv1.Protocol_PROTOCOL_SCTP, 8080
+			})})
+			return err
+		}, func(c *clients) error {
+			_, err := c.lb.CreateBackend(bg(), &lbdv1.CreateBackendRequest{ServiceName: "sctp", Backend: &lbdv1.Backend{Address: "198.18.1.9", Port: 9090}})
+			return err
+		}, codes.InvalidArgument, "backend.port"},
 		{"table not prime", nil, create(svcWith(func(s *lbdv1.Service) { s.MaglevTableSize = 65536 })), codes.InvalidArgument, "service.maglev_table_size"},
 		{"table too small", nil, create(svcWith(func(s *lbdv1.Service) { s.MaglevTableSize = 7 })), codes.InvalidArgument, "service.maglev_table_size"},
 		{"table too big", nil, create(svcWith(func(s *lbdv1.Service) { s.MaglevTableSize = 1000003 })), codes.InvalidArgument, "service.maglev_table_size"},

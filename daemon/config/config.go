@@ -76,7 +76,8 @@ type Datapath struct {
 	UDPIdleTimeout Duration `json:"udp_idle_timeout"`
 	// NATIdleTimeout is refused: NAT entries follow TCPIdleTimeout and UDPIdleTimeout.
 	NATIdleTimeout Duration `json:"nat_idle_timeout,omitempty"`
-	// NATClosingTimeout expires NAT entries of TCP flows that saw a FIN or RST.
+	// NATClosingTimeout expires NAT entries of TCP flows that saw a FIN or RST, and of SCTP
+	// associations that saw an ABORT, SHUTDOWN or SHUTDOWN COMPLETE.
 	NATClosingTimeout Duration `json:"nat_closing_timeout"`
 	// SocketLB translates the connections of local processes to services at the socket,
 	// on any node (any role, or none): their first packet already goes to a backend.

@@ -27,19 +27,29 @@ func protoNum(p lbdv1.Protocol) (uint8, error) {
 		return lbxdp.ProtoTCP, nil
 	case lbdv1.Protocol_PROTOCOL_UDP:
 		return lbxdp.ProtoUDP, nil
+	case lbdv1.Protocol_PROTOCOL_SCTP:
+		return lbxdp.ProtoSCTP, nil
 	}
-	return 0, status.Errorf(codes.InvalidArgument, "protocol: %v is not TCP or UDP", p)
+	return 0, status.Errorf(codes.InvalidArgument, "protocol: %v is not TCP, UDP or SCTP", p)
+}
+
+// protoName is the lower-case name of a protocol number the datapath balances.
+func protoName(p uint8) string {
+	return backendtc.Proto(p).String()
 }
 
 func protoEnum(p uint8) lbdv1.Protocol {
-	if p == lbxdp.ProtoUDP {
+	switch p {
+	case lbxdp.ProtoUDP:
 		return lbdv1.Protocol_PROTOCOL_UDP
+	case lbxdp.ProtoSCTP:
+		return lbdv1.Protocol_PROTOCOL_SCTP
 	}
 	return lbdv1.Protocol_PROTOCOL_TCP
 }
 
-// TraceFlow runs the loaded XDP program on a packet of the flow (a TCP SYN or a UDP
-// datagram) and reports what it did. A conntrack entry the trace itself creates is
+// TraceFlow runs the loaded XDP program on a packet of the flow (a TCP SYN, a UDP
+// datagram, an SCTP INIT) and reports what it did. A conntrack entry the trace itself creates is
 // removed again, so tracing leaves no flow behind.
 func (m *Manager) TraceFlow(_ context.Context, r *lbdv1.TraceFlowRequest) (*lbdv1.TraceFlowResponse, error) {
 	if m.lb == nil {
@@ -171,13 +181,20 @@ func buildFrame(f lbxdp.Flow) ([]byte, error) {
 		ip, l = v6, []gopacket.SerializableLayer{eth, v6}
 		v6.NextHeader = layers.IPProtocol(f.Proto)
 	}
-	if f.Proto == lbxdp.ProtoTCP {
+	switch f.Proto {
+	case lbxdp.ProtoTCP:
 		tcp := &layers.TCP{SrcPort: layers.TCPPort(f.Src.Port()), DstPort: layers.TCPPort(f.Dst.Port()), SYN: true, Seq: 1, Window: 65535}
 		if err := tcp.SetNetworkLayerForChecksum(ip); err != nil {
 			return nil, err
 		}
 		l = append(l, tcp)
-	} else {
+	case lbxdp.ProtoSCTP:
+		l = append(l, &layers.SCTP{SrcPort: layers.SCTPPort(f.Src.Port()), DstPort: layers.SCTPPort(f.Dst.Port())},
+			&layers.SCTPInit{
+				SCTPChunk:   layers.SCTPChunk{Type: layers.SCTPChunkTypeInit},
+				InitiateTag: 1, AdvertisedReceiverWindowCredit: 65535, OutboundStreams: 1, InboundStreams: 1, InitialTSN: 1,
+			})
+	default:
 		udp := &layers.UDP{SrcPort: layers.UDPPort(f.Src.Port()), DstPort: layers.UDPPort(f.Dst.Port())}
 		if err := udp.SetNetworkLayerForChecksum(ip); err != nil {
 			return nil, err
@@ -212,6 +229,8 @@ func innerDestination(frame []byte) (netip.AddrPort, bool) {
 	case *layers.TCP:
 		port = uint16(t.DstPort)
 	case *layers.UDP:
+		port = uint16(t.DstPort)
+	case *layers.SCTP:
 		port = uint16(t.DstPort)
 	}
 	return netip.AddrPortFrom(addr, port), true
@@ -270,12 +289,8 @@ func (m *Manager) ListConnections(_ context.Context, r *lbdv1.ListConnectionsReq
 			if !match(r.Vip, e.VIP.Addr()) || !match(r.ClientAddress, e.Client.Addr()) || !match(r.BackendAddress, e.Backend.Addr()) {
 				continue
 			}
-			p := lbdv1.Protocol_PROTOCOL_TCP
-			if e.Proto == backendtc.ProtoUDP {
-				p = lbdv1.Protocol_PROTOCOL_UDP
-			}
 			if !add(&lbdv1.Connection{
-				Protocol: p, Table: "nat",
+				Protocol: protoEnum(uint8(e.Proto)), Table: "nat",
 				ClientAddress: e.Client.Addr().String(), ClientPort: uint32(e.Client.Port()),
 				Vip: e.VIP.Addr().String(), VipPort: uint32(e.VIP.Port()),
 				BackendAddress: e.Backend.Addr().String(), BackendPort: uint32(e.Backend.Port()),

@@ -35,9 +35,9 @@ func desired(svc *lbdv1.Service) (*programmed, error) {
 	if err != nil {
 		return nil, fmt.Errorf("service %s: vip: %w", svc.Name, err)
 	}
-	proto := lbxdp.ProtoTCP
-	if svc.Protocol == lbdv1.Protocol_PROTOCOL_UDP {
-		proto = lbxdp.ProtoUDP
+	proto, err := protoNum(svc.Protocol)
+	if err != nil {
+		return nil, fmt.Errorf("service %s: %w", svc.Name, err)
 	}
 	p := &programmed{
 		name: svc.Name,

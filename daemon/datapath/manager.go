@@ -290,7 +290,8 @@ func (m *Manager) openLB(ifaces []netlink.Link) error {
 	}
 	c.HashSeed, c.VNI = m.cfg.HashSeed, m.cfg.VNI
 	c.Source4, c.Source6 = m.cfg.Underlay4, m.cfg.Underlay6
-	c.TCPEstablishedTimeout, c.UDPTimeout = m.cfg.tcpIdle(), m.cfg.udpIdle()
+	// SCTP associations are connections like TCP's and follow its idle timeout.
+	c.TCPEstablishedTimeout, c.UDPTimeout, c.SCTPEstablishedTimeout = m.cfg.tcpIdle(), m.cfg.udpIdle(), m.cfg.tcpIdle()
 	c.GuardRate = m.cfg.ConntrackGuardRate
 	if err := m.lb.SetConfig(c); err != nil {
 		return fmt.Errorf("configure XDP datapath: %w", err)

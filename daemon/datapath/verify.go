@@ -254,11 +254,7 @@ func (m *Manager) DriftCounts() map[string]uint64 {
 }
 
 func keyString(k lbxdp.ServiceKey) string {
-	proto := "tcp"
-	if k.Proto == lbxdp.ProtoUDP {
-		proto = "udp"
-	}
-	return fmt.Sprintf("%s/%s", netip.AddrPortFrom(k.VIP, k.Port), proto)
+	return fmt.Sprintf("%s/%s", netip.AddrPortFrom(k.VIP, k.Port), protoName(k.Proto))
 }
 
 func presence(ok bool, diff string) string {

@@ -65,7 +65,7 @@ func parseBackendRef(address string, port uint32) (netip.AddrPort, error) {
 func (s *Store) CreateBackend(serviceName string, in *lbdv1.Backend) (*lbdv1.Backend, error) {
 	var key netip.AddrPort
 	svc, err := s.editBackends(serviceName, func(svc *lbdv1.Service) error {
-		b, verr := normalizeBackend("backend", in, netip.MustParseAddr(svc.Vip), svc.Port)
+		b, verr := normalizeBackend("backend", in, netip.MustParseAddr(svc.Vip), svc)
 		if verr != nil {
 			return verr
 		}
@@ -152,7 +152,7 @@ func (s *Store) UpdateBackendFields(serviceName string, in *lbdv1.Backend, u Bac
 				}
 			}
 		}
-		b, verr := normalizeBackend("backend", merged, netip.MustParseAddr(svc.Vip), svc.Port)
+		b, verr := normalizeBackend("backend", merged, netip.MustParseAddr(svc.Vip), svc)
 		if verr != nil {
 			return verr
 		}

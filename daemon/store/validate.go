@@ -158,9 +158,9 @@ func normalizeService(svc *lbdv1.Service, lim Limits) (*lbdv1.Service, *Error) {
 		return nil, err
 	}
 	switch s.Protocol {
-	case lbdv1.Protocol_PROTOCOL_TCP, lbdv1.Protocol_PROTOCOL_UDP:
+	case lbdv1.Protocol_PROTOCOL_TCP, lbdv1.Protocol_PROTOCOL_UDP, lbdv1.Protocol_PROTOCOL_SCTP:
 	case lbdv1.Protocol_PROTOCOL_UNSPECIFIED:
-		return nil, invalid("service.protocol", "is required (TCP or UDP)")
+		return nil, invalid("service.protocol", "is required (TCP, UDP or SCTP)")
 	default:
 		return nil, invalid("service.protocol", "unknown protocol %d", s.Protocol)
 	}
@@ -216,7 +216,7 @@ func normalizeService(svc *lbdv1.Service, lim Limits) (*lbdv1.Service, *Error) {
 	var weights uint32
 	for i, b := range s.Backends {
 		field := fmt.Sprintf("service.backends[%d]", i)
-		nb, err := normalizeBackend(field, b, vip, s.Port)
+		nb, err := normalizeBackend(field, b, vip, s)
 		if err != nil {
 			return nil, err
 		}
@@ -283,6 +283,10 @@ func normalizeHealthCheck(s *lbdv1.Service) *Error {
 	}
 	if s.Port == 0 && hc.Port == 0 {
 		return invalid("service.health_check.port", "is required for a service on all ports")
+	}
+	if s.Protocol == lbdv1.Protocol_PROTOCOL_SCTP && hc.Port == 0 {
+		return invalid("service.health_check.port", "is required for an SCTP service: probes are TCP or HTTP(S), "+
+			"so name the port where the backends answer them")
 	}
 	http := hc.Type != lbdv1.HealthCheckType_HEALTH_CHECK_TYPE_TCP
 	if !http {
@@ -359,8 +363,8 @@ func durationOr(field string, d *durationpb.Duration, def time.Duration) (time.D
 	return d.AsDuration(), nil
 }
 
-// normalizeBackend validates one backend of a service with the given VIP and port.
-func normalizeBackend(field string, b *lbdv1.Backend, vip netip.Addr, svcPort uint32) (*lbdv1.Backend, *Error) {
+// normalizeBackend validates one backend of svc, whose VIP is vip.
+func normalizeBackend(field string, b *lbdv1.Backend, vip netip.Addr, svc *lbdv1.Service) (*lbdv1.Backend, *Error) {
 	if b == nil {
 		return nil, invalid(field, "is empty")
 	}
@@ -378,10 +382,14 @@ func normalizeBackend(field string, b *lbdv1.Backend, vip netip.Addr, svcPort ui
 		return nil, err
 	}
 	switch {
-	case svcPort == 0 && nb.Port != 0:
+	case svc.Port == 0 && nb.Port != 0:
 		return nil, invalid(field+".port", "must be 0 for a service on all ports (the client's port is kept)")
-	case svcPort != 0 && nb.Port == 0:
+	case svc.Port != 0 && nb.Port == 0:
 		return nil, invalid(field+".port", "is required (1-65535)")
+	case svc.Protocol == lbdv1.Protocol_PROTOCOL_SCTP && nb.Port != svc.Port:
+		// SCTP's CRC32c covers the ports: translating one would mean recomputing it
+		// over the whole packet, on every packet, in both directions.
+		return nil, invalid(field+".port", "%d must be the SCTP service's port %d: lbd does not translate SCTP ports", nb.Port, svc.Port)
 	}
 	if nb.NodeAddress == "" {
 		nb.NodeAddress = nb.Address
@@ -429,8 +437,11 @@ func frontendOf(s *lbdv1.Service) frontendKey {
 
 func (k frontendKey) String() string {
 	p := "tcp"
-	if k.proto == lbdv1.Protocol_PROTOCOL_UDP {
+	switch k.proto {
+	case lbdv1.Protocol_PROTOCOL_UDP:
 		p = "udp"
+	case lbdv1.Protocol_PROTOCOL_SCTP:
+		p = "sctp"
 	}
 	return fmt.Sprintf("%s/%s", netip.AddrPortFrom(k.vip, uint16(k.port)), p)
 }

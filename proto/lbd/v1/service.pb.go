@@ -33,6 +33,10 @@ const (
 	Protocol_PROTOCOL_UNSPECIFIED Protocol = 0
 	Protocol_PROTOCOL_TCP         Protocol = 1
 	Protocol_PROTOCOL_UDP         Protocol = 2
+	// SCTP (RFC 9260). Backends must keep the service's port (or the service takes
+	// all ports): the LB does not rewrite SCTP ports, whose CRC32c would have to be
+	// recomputed over the whole packet.
+	Protocol_PROTOCOL_SCTP Protocol = 3
 )
 
 // Enum value maps for Protocol.
@@ -41,11 +45,13 @@ var (
 		0: "PROTOCOL_UNSPECIFIED",
 		1: "PROTOCOL_TCP",
 		2: "PROTOCOL_UDP",
+		3: "PROTOCOL_SCTP",
 	}
 	Protocol_value = map[string]int32{
 		"PROTOCOL_UNSPECIFIED": 0,
 		"PROTOCOL_TCP":         1,
 		"PROTOCOL_UDP":         2,
+		"PROTOCOL_SCTP":        3,
 	}
 )
 
@@ -1216,11 +1222,12 @@ const file_lbd_v1_service_proto_rawDesc = "" +
 	"advertised\x12)\n" +
 	"\x10advertise_reason\x18\x05 \x01(\tR\x0fadvertiseReason\x12;\n" +
 	"\vupdate_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"updateTime*H\n" +
+	"updateTime*[\n" +
 	"\bProtocol\x12\x18\n" +
 	"\x14PROTOCOL_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fPROTOCOL_TCP\x10\x01\x12\x10\n" +
-	"\fPROTOCOL_UDP\x10\x02*]\n" +
+	"\fPROTOCOL_UDP\x10\x02\x12\x11\n" +
+	"\rPROTOCOL_SCTP\x10\x03*]\n" +
 	"\bHashMode\x12\x19\n" +
 	"\x15HASH_MODE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14HASH_MODE_FIVE_TUPLE\x10\x01\x12\x1c\n" +
