@@ -123,7 +123,7 @@ func Service(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, nodes N
 	for _, sp := range svc.Spec.Ports {
 		proto, ok := protocolOf(sp.Protocol)
 		if !ok {
-			problem("UnsupportedProtocol", "port %s: protocol %s is not supported by lbd (TCP and UDP only)", portID(sp), sp.Protocol)
+			problem("UnsupportedProtocol", "port %s: protocol %s is not supported by lbd (TCP, UDP and SCTP only)", portID(sp), sp.Protocol)
 			continue
 		}
 		for _, v := range vips {
@@ -140,6 +140,11 @@ func Service(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, nodes N
 			if opt.MaxBackendsPerService > 0 && len(backends) > opt.MaxBackendsPerService {
 				problem("TooManyBackends", "port %s VIP %s: %d endpoints, only the first %d are used", portID(sp), v.addr, len(backends), opt.MaxBackendsPerService)
 				backends = backends[:opt.MaxBackendsPerService]
+			}
+			if bad := sctpPortTranslated(proto, sp, backends); bad != nil {
+				problem("SCTPTargetPort", "port %s VIP %s not served: endpoint %s:%d is not on the Service's port; lbd does not "+
+					"translate SCTP ports (targetPort must equal port)", portID(sp), v.addr, bad.Address, bad.Port)
+				continue
 			}
 			res.Services = append(res.Services, &lbdv1.Service{
 				Name:            ServiceName(svc.Namespace, svc.Name, sp, v.addr),
@@ -176,8 +181,24 @@ func protocolOf(p corev1.Protocol) (lbdv1.Protocol, bool) {
 		return lbdv1.Protocol_PROTOCOL_TCP, true
 	case corev1.ProtocolUDP:
 		return lbdv1.Protocol_PROTOCOL_UDP, true
+	case corev1.ProtocolSCTP:
+		return lbdv1.Protocol_PROTOCOL_SCTP, true
 	}
 	return lbdv1.Protocol_PROTOCOL_UNSPECIFIED, false
+}
+
+// sctpPortTranslated returns a backend of an SCTP port that listens on another port
+// than the Service's, which lbd refuses (its CRC32c covers the ports), or nil.
+func sctpPortTranslated(proto lbdv1.Protocol, sp corev1.ServicePort, backends []*lbdv1.Backend) *lbdv1.Backend {
+	if proto != lbdv1.Protocol_PROTOCOL_SCTP {
+		return nil
+	}
+	for _, b := range backends {
+		if b.Port != uint32(sp.Port) {
+			return b
+		}
+	}
+	return nil
 }
 
 // serviceVIPs collects the Service's frontend addresses, deduplicated, in a stable order.

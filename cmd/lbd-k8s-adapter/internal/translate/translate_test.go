@@ -207,11 +207,24 @@ func translateCases() []translateCase {
 			want:   []string{"ns1/web/8443/tcp/203.0.113.10 203.0.113.10:8443 TCP [198.18.10.1:443@198.18.1.1]"},
 		},
 		{
-			name:     "SCTP port is reported, other ports still served",
-			svc:      lbService([]string{"203.0.113.10"}, withPorts(corev1.ServicePort{Name: "s", Port: 9, Protocol: corev1.ProtocolSCTP}, corev1.ServicePort{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP})),
-			slices:   []*discoveryv1.EndpointSlice{v4ready},
+			name: "SCTP port is served on the Service's port",
+			svc: lbService([]string{"203.0.113.10"}, withPorts(corev1.ServicePort{Name: "s1ap", Port: 36412, Protocol: corev1.ProtocolSCTP},
+				corev1.ServicePort{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP})),
+			slices: []*discoveryv1.EndpointSlice{v4ready,
+				slice("s", discoveryv1.AddressTypeIPv4, "s1ap", corev1.ProtocolSCTP, 36412, readyEP("198.18.10.1", "n1"))},
+			want: []string{
+				"ns1/web/http/tcp/203.0.113.10 203.0.113.10:80 TCP [198.18.10.1:8080@198.18.1.1 198.18.10.2:8080@198.18.1.2]",
+				"ns1/web/s1ap/sctp/203.0.113.10 203.0.113.10:36412 SCTP [198.18.10.1:36412@198.18.1.1]",
+			},
+		},
+		{
+			name: "SCTP port whose endpoints listen on another port is reported, other ports still served",
+			svc: lbService([]string{"203.0.113.10"}, withPorts(corev1.ServicePort{Name: "s1ap", Port: 36412, Protocol: corev1.ProtocolSCTP},
+				corev1.ServicePort{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP})),
+			slices: []*discoveryv1.EndpointSlice{v4ready,
+				slice("s", discoveryv1.AddressTypeIPv4, "s1ap", corev1.ProtocolSCTP, 9000, readyEP("198.18.10.1", "n1"))},
 			want:     []string{"ns1/web/http/tcp/203.0.113.10 203.0.113.10:80 TCP [198.18.10.1:8080@198.18.1.1 198.18.10.2:8080@198.18.1.2]"},
-			problems: []string{"UnsupportedProtocol"},
+			problems: []string{"SCTPTargetPort"},
 		},
 		{
 			name: "not-ready endpoints are left out; terminating ones drain while ready ones exist",
