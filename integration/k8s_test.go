@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -62,6 +63,8 @@ func TestKubernetesLoadBalancer(t *testing.T) {
 			Type: corev1.ServiceTypeLoadBalancer,
 			Ports: []corev1.ServicePort{{
 				Name: "http", Protocol: corev1.ProtocolTCP, Port: webPort, TargetPort: intstr.FromInt32(httpPort),
+			}, {
+				Name: "s1ap", Protocol: corev1.ProtocolSCTP, Port: sctpPort, TargetPort: intstr.FromInt32(sctpPort),
 			}},
 		},
 	}
@@ -69,10 +72,12 @@ func TestKubernetesLoadBalancer(t *testing.T) {
 		t.Fatalf("create service: %v", err)
 	}
 	portName, proto, port, ready := "http", corev1.ProtocolTCP, int32(httpPort), true
+	sctpName, sctpProto, sctpNum := "s1ap", corev1.ProtocolSCTP, int32(sctpPort)
 	slice := &discoveryv1.EndpointSlice{
 		ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: "web-1", Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
 		AddressType: discoveryv1.AddressTypeIPv4,
-		Ports:       []discoveryv1.EndpointPort{{Name: &portName, Protocol: &proto, Port: &port}},
+		Ports: []discoveryv1.EndpointPort{{Name: &portName, Protocol: &proto, Port: &port},
+			{Name: &sctpName, Protocol: &sctpProto, Port: &sctpNum}},
 	}
 	for _, be := range tb.backends {
 		nodeName := be.name
@@ -107,21 +112,23 @@ func TestKubernetesLoadBalancer(t *testing.T) {
 	})
 	t.Logf("VIP %v allocated %v after the Service was created", vip, time.Since(created).Round(time.Millisecond))
 
-	// Every lbd holds the Service on that VIP, ready, with the three backends behind their
-	// nodes; both LB nodes then announce it.
-	var want []string
+	// Every lbd holds the Service's ports on that VIP, TCP and SCTP, ready, with the three
+	// backends behind their nodes; both LB nodes then announce it.
+	var want, wantSCTP []string
 	for _, be := range tb.backends {
 		want = append(want, fmt.Sprintf("%s:%d@%s", be.addr4, httpPort, be.addr4))
+		wantSCTP = append(wantSCTP, fmt.Sprintf("%s:%d@%s", be.addr4, sctpPort, be.addr4))
 	}
-	wantLine := fmt.Sprintf("%s:%d TCP READY [%s]", vip, webPort, strings.Join(want, " "))
+	wantLines := []string{fmt.Sprintf("%s:%d TCP READY [%s]", vip, webPort, strings.Join(want, " ")),
+		fmt.Sprintf("%s:%d SCTP READY [%s]", vip, sctpPort, strings.Join(wantSCTP, " "))}
 	eventually(t, 30*time.Second, func() error {
 		for _, lb := range tb.lbs {
 			got, err := ownedServices(lb.lbd)
 			if err != nil {
 				return fmt.Errorf("%s: %w", lb.name, err)
 			}
-			if len(got) != 1 || got[0] != wantLine {
-				return fmt.Errorf("%s holds %q for owner %s, want [%q]", lb.name, got, k8sOwner, wantLine)
+			if !slices.Equal(got, wantLines) {
+				return fmt.Errorf("%s holds %q for owner %s, want %q", lb.name, got, k8sOwner, wantLines)
 			}
 		}
 		return nil
