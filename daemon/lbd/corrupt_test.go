@@ -110,7 +110,7 @@ func TestCorruptStateStopsDaemon(t *testing.T) {
 				t.Fatalf("lbd exited 0 on a corrupt state file; output:\n%s", out)
 			}
 			t.Logf("exit code %d after %v", code, time.Since(start).Round(time.Millisecond))
-			assertContains(t, out, in.statePath(), "corrupt", tc.why, "untouched", "restore the file from a backup", "move it aside")
+			assertContains(t, out, in.statePath(), "corrupt", tc.why, "untouched", "state.pb.journal) from a backup", "move both aside")
 
 			after, err := os.ReadFile(in.statePath())
 			if err != nil {

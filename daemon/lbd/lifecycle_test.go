@@ -126,11 +126,20 @@ func TestStateLock(t *testing.T) {
 	if _, err := lb.CreateService(ctxT(t), &lbdv1.CreateServiceRequest{Service: restartService(3)}); err != nil {
 		t.Fatalf("create service: %v", err)
 	}
-	data, err := os.ReadFile(in.statePath())
-	if err != nil {
-		t.Fatalf("read state file: %v", err)
+	// A running lbd keeps its latest changes in the journal next to the state file.
+	sum := func() [32]byte {
+		h := sha256.New()
+		for _, p := range []string{in.statePath(), in.statePath() + ".journal"} {
+			data, err := os.ReadFile(p)
+			if err != nil && !os.IsNotExist(err) {
+				t.Fatalf("read state: %v", err)
+			}
+			h.Write(data)
+			h.Write([]byte{0})
+		}
+		return [32]byte(h.Sum(nil))
 	}
-	sum := sha256.Sum256(data)
+	before := sum()
 
 	second := newInstance(t)
 	second.stateDir = in.stateDir
@@ -143,9 +152,8 @@ func TestStateLock(t *testing.T) {
 		t.Errorf("the refused lbd created its socket %s", second.socket)
 	}
 
-	after, err := os.ReadFile(in.statePath())
-	if err != nil || sha256.Sum256(after) != sum {
-		t.Errorf("state file changed by the refused lbd (read error: %v)", err)
+	if sum() != before {
+		t.Errorf("state file or journal changed by the refused lbd")
 	}
 	fresh := lbdv1.NewLoadBalancerServiceClient(dialUnix(t, in.socket))
 	if _, err := fresh.GetService(ctxT(t), &lbdv1.GetServiceRequest{Name: restartService(3).Name}); err != nil {

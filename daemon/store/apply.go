@@ -2,8 +2,6 @@ package store
 
 import (
 	"fmt"
-	"maps"
-	"slices"
 
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 )
@@ -46,18 +44,19 @@ func (s *Store) ApplyServices(owner string, svcs []*lbdv1.Service) (ApplyResult,
 	}
 	t := s.begin()
 	for i, svc := range want {
-		if old, ok := t.services[svc.Name]; ok && old.Owner != owner {
+		if old := t.service(svc.Name); old != nil && old.Owner != owner {
 			t.abort()
 			return res, failedPrecondition(fmt.Sprintf("services[%d].name", i), "service %q is owned by %q, not %q", svc.Name, old.Owner, owner)
 		}
-		if other, ok := t.frontends[frontendOf(svc)]; ok && t.services[other].Owner != owner {
+		if other, ok := t.frontend(frontendOf(svc)); ok && t.service(other).Owner != owner {
 			t.abort()
-			return res, alreadyExists(fmt.Sprintf("services[%d].vip", i), "frontend %s is already used by service %q of owner %q", frontendOf(svc), other, t.services[other].Owner)
+			return res, alreadyExists(fmt.Sprintf("services[%d].vip", i), "frontend %s is already used by service %q of owner %q", frontendOf(svc), other, t.service(other).Owner)
 		}
 	}
 	// Deletions first, so a frontend may move from one of the owner's services to another.
-	for _, name := range slices.Sorted(maps.Keys(t.services)) {
-		old := t.services[name]
+	// The transaction has changed nothing yet: the store's names are its names.
+	for _, name := range s.names {
+		old := s.services[name]
 		if _, keep := names[name]; old.Owner == owner && !keep {
 			t.remove(old)
 			res.Deleted++
@@ -65,22 +64,22 @@ func (s *Store) ApplyServices(owner string, svcs []*lbdv1.Service) (ApplyResult,
 	}
 	changed := make([]bool, len(want))
 	for i, svc := range want {
-		old := t.services[svc.Name]
+		old := t.service(svc.Name)
 		if old != nil && sameSpec(svc, old) {
 			res.Unchanged++
 			continue
 		}
 		changed[i] = true
 		if old != nil {
-			delete(t.frontends, frontendOf(old))
+			t.freeFrontend(frontendOf(old), old.Name)
 		}
 	}
 	for i, svc := range want {
 		if !changed[i] {
 			continue
 		}
-		old := t.services[svc.Name]
-		if other, ok := t.frontends[frontendOf(svc)]; ok && other != svc.Name {
+		old := t.service(svc.Name)
+		if other, ok := t.frontend(frontendOf(svc)); ok && other != svc.Name {
 			t.abort()
 			return ApplyResult{}, alreadyExists("services.vip", "frontend %s is already used by service %q", frontendOf(svc), other)
 		}
@@ -91,9 +90,9 @@ func (s *Store) ApplyServices(owner string, svcs []*lbdv1.Service) (ApplyResult,
 			res.Updated++
 		}
 	}
-	if len(t.services) > s.opts.Limits.MaxServices {
+	if t.nsvc > s.opts.Limits.MaxServices {
 		t.abort()
-		return ApplyResult{}, failedPrecondition("services", "%d services would exceed the limit of %d", len(t.services), s.opts.Limits.MaxServices)
+		return ApplyResult{}, failedPrecondition("services", "%d services would exceed the limit of %d", t.nsvc, s.opts.Limits.MaxServices)
 	}
 	if len(t.events) == 0 {
 		t.abort()

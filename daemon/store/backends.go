@@ -12,8 +12,8 @@ import (
 // editBackends runs edit on a copy of a service's backends and stores the result.
 func (s *Store) editBackends(serviceName string, edit func(svc *lbdv1.Service) error) (*lbdv1.Service, error) {
 	t := s.begin()
-	old, ok := t.services[serviceName]
-	if !ok {
+	old := t.service(serviceName)
+	if old == nil {
 		t.abort()
 		return nil, notFound("service %q not found", serviceName)
 	}

@@ -43,19 +43,34 @@ func newIDAlloc(used []uint32, hold bool) idAlloc {
 
 // release frees the held IDs released by changes up to seq.
 func (a *idAlloc) release(seq uint64) {
+	var freed []uint32
 	n := 0
 	for _, h := range a.held {
 		if h.seq <= seq {
-			a.free = append(a.free, h.id)
+			freed = append(freed, h.id)
 		} else {
 			a.held[n] = h
 			n++
 		}
 	}
-	if n < len(a.held) {
+	if len(freed) > 0 {
 		a.held = a.held[:n]
-		slices.Sort(a.free)
+		slices.Sort(freed)
+		a.free = mergeIDs(a.free, freed)
 	}
+}
+
+// mergeIDs merges two ascending lists into a new one.
+func mergeIDs(a, b []uint32) []uint32 {
+	out := make([]uint32, 0, len(a)+len(b))
+	for len(a) > 0 && len(b) > 0 {
+		if a[0] < b[0] {
+			out, a = append(out, a[0]), a[1:]
+		} else {
+			out, b = append(out, b[0]), b[1:]
+		}
+	}
+	return append(append(out, a...), b...)
 }
 
 // idTxn allocates and releases IDs tentatively; commit makes it final. IDs released in a
@@ -85,14 +100,13 @@ func (t *idTxn) put(id uint32) { t.released = append(t.released, id) }
 // commit makes the transaction final; its released IDs are free at once, or held until
 // the change with Seq seq is reconciled.
 func (t *idTxn) commit(seq uint64) {
-	free := slices.Clone(t.a.free[t.taken:])
+	t.a.free, t.a.next = t.a.free[t.taken:], t.next
 	if t.a.hold {
 		for _, id := range t.released {
 			t.a.held = append(t.a.held, heldID{id: id, seq: seq})
 		}
-	} else {
-		free = append(free, t.released...)
+	} else if len(t.released) > 0 {
+		slices.Sort(t.released)
+		t.a.free = mergeIDs(t.a.free, t.released)
 	}
-	slices.Sort(free)
-	t.a.free, t.a.next = free, t.next
 }

@@ -33,9 +33,9 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 var ErrCorruptState = errors.New("corrupt state file")
 
 // RecoveryHint tells an operator what to do about an unreadable state file.
-const RecoveryHint = "lbd leaves the file untouched and will not start with it. To recover, restore the file " +
-	"from a backup, or move it aside to start with an empty state (services and peers must then be " +
-	"created again; a Kubernetes adapter re-applies its services by itself)"
+const RecoveryHint = "lbd leaves the file untouched and will not start with it. To recover, restore the state file " +
+	"and its journal (state.pb and state.pb.journal) from a backup taken together, or move both aside to start with an " +
+	"empty state (services and peers must then be created again; a Kubernetes adapter re-applies its services by itself)"
 
 func encodeState(st *statev1.State) ([]byte, error) {
 	payload, err := proto.MarshalOptions{Deterministic: true}.Marshal(st)
@@ -74,16 +74,18 @@ func decodeState(data []byte) (*statev1.State, error) {
 	return st, nil
 }
 
-// readStateFile returns nil, nil when the file does not exist (first start).
-func readStateFile(path string) (*statev1.State, error) {
+// readStateFile returns the state and the file's length; nil when the file does not
+// exist (first start).
+func readStateFile(path string) (*statev1.State, int64, error) {
 	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
+		return nil, 0, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read state file: %w", err)
+		return nil, 0, fmt.Errorf("read state file: %w", err)
 	}
-	return decodeState(data)
+	st, err := decodeState(data)
+	return st, int64(len(data)), err
 }
 
 // writeFileAtomic replaces path with data so that a crash at any point leaves either the

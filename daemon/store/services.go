@@ -1,7 +1,6 @@
 package store
 
 import (
-	"cmp"
 	"slices"
 
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
@@ -14,7 +13,7 @@ func (s *Store) CreateService(in *lbdv1.Service) (*lbdv1.Service, error) {
 		return nil, verr
 	}
 	t := s.begin()
-	if _, ok := t.services[svc.Name]; ok {
+	if t.service(svc.Name) != nil {
 		t.abort()
 		return nil, alreadyExists("service.name", "service %q already exists", svc.Name)
 	}
@@ -22,7 +21,7 @@ func (s *Store) CreateService(in *lbdv1.Service) (*lbdv1.Service, error) {
 		t.abort()
 		return nil, err
 	}
-	if len(t.services) >= s.opts.Limits.MaxServices {
+	if t.nsvc >= s.opts.Limits.MaxServices {
 		t.abort()
 		return nil, failedPrecondition("", "the limit of %d services is reached", s.opts.Limits.MaxServices)
 	}
@@ -49,13 +48,36 @@ func (s *Store) ListServices(owner string) []*lbdv1.Service {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	out := make([]*lbdv1.Service, 0, len(s.services))
-	for _, svc := range s.services {
-		if owner == "" || svc.Owner == owner {
+	for _, name := range s.names {
+		if svc := s.services[name]; owner == "" || svc.Owner == owner {
 			out = append(out, s.withStatus(svc))
 		}
 	}
-	slices.SortFunc(out, func(a, b *lbdv1.Service) int { return cmp.Compare(a.Name, b.Name) })
 	return out
+}
+
+// ListServicesPage returns, in name order, up to limit services (of owner, if
+// non-empty) whose names sort after after, and whether more follow. A page costs what
+// it returns, whatever the number of services.
+func (s *Store) ListServicesPage(owner, after string, limit int) ([]*lbdv1.Service, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	i, found := slices.BinarySearch(s.names, after)
+	if found {
+		i++
+	}
+	out := make([]*lbdv1.Service, 0, min(limit, len(s.names)-i))
+	for ; i < len(s.names); i++ {
+		svc := s.services[s.names[i]]
+		if owner != "" && svc.Owner != owner {
+			continue
+		}
+		if len(out) == limit {
+			return out, true
+		}
+		out = append(out, s.withStatus(svc))
+	}
+	return out, false
 }
 
 // UpdateService replaces a service's spec. The owner cannot change; expectedRevision, if
@@ -66,7 +88,8 @@ func (s *Store) UpdateService(in *lbdv1.Service, expectedRevision uint64) (*lbdv
 		return nil, verr
 	}
 	t := s.begin()
-	old, ok := t.services[svc.Name]
+	old := t.service(svc.Name)
+	ok := old != nil
 	switch {
 	case !ok:
 		t.abort()
@@ -96,8 +119,8 @@ func (s *Store) UpdateService(in *lbdv1.Service, expectedRevision uint64) (*lbdv
 // DeleteService removes a service.
 func (s *Store) DeleteService(name string) error {
 	t := s.begin()
-	old, ok := t.services[name]
-	if !ok {
+	old := t.service(name)
+	if old == nil {
 		t.abort()
 		return notFound("service %q not found", name)
 	}

@@ -218,7 +218,7 @@ func (s *Store) SetNodeReachability(nodes map[netip.Addr]NodeReach) {
 	s.nodes = maps.Clone(nodes)
 	s.seq++
 	var events []Event
-	for _, name := range slices.Sorted(maps.Keys(s.services)) {
+	for _, name := range s.names {
 		svc := s.services[name]
 		changed, usability := false, false
 		for _, b := range svc.Backends {

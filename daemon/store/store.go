@@ -9,10 +9,12 @@
 package store
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -96,11 +98,19 @@ type Store struct {
 
 	writeMu sync.Mutex // serializes transactions, held while the state file is written
 
-	mu        sync.RWMutex // guards the published state below
-	services  map[string]*lbdv1.Service
+	disk *disk // nil for a store in memory
+
+	mu       sync.RWMutex // guards the published state below
+	services map[string]*lbdv1.Service
+	// names are the services' names in order: lists and pages walk it.
+	names     []string
 	frontends map[frontendKey]string
 	peers     map[string]*lbdv1.BgpPeer
 	drained   bool
+	// backends counts the backends of all services, tables the services per Maglev
+	// table size, so that limits are checked without walking every service.
+	backends  int
+	tables    map[uint32]int
 	svcIDs    idAlloc
 	beIDs     idAlloc
 	status    map[string]*serviceRuntime
@@ -142,6 +152,7 @@ func Open(opts Options) (*Store, error) {
 		services:  map[string]*lbdv1.Service{},
 		frontends: map[frontendKey]string{},
 		peers:     map[string]*lbdv1.BgpPeer{},
+		tables:    map[uint32]int{},
 		status:    map[string]*serviceRuntime{},
 		listeners: map[int]Listener{},
 	}
@@ -149,19 +160,28 @@ func Open(opts Options) (*Store, error) {
 		s.log = hclog.NewNullLogger()
 	}
 	var st *statev1.State
+	var j *journal
 	if opts.Path != "" {
 		if err := s.lockDir(); err != nil {
 			return nil, err
 		}
 		var err error
-		if st, err = readStateFile(opts.Path); err != nil {
+		if s.disk, st, j, err = loadDisk(opts.Path, s.log, &s.writeMu); err != nil {
 			s.Close()
-			return nil, fmt.Errorf("%s: %w", opts.Path, err)
+			return nil, err
 		}
 	}
 	if err := s.restore(st); err != nil {
+		s.disk = nil // the files stay as they are
 		s.Close()
 		return nil, fmt.Errorf("%s: %w: %v", opts.Path, ErrCorruptState, err)
+	}
+	if s.disk != nil {
+		if err := s.disk.start(j); err != nil {
+			s.disk = nil
+			s.Close()
+			return nil, fmt.Errorf("%s: %w", opts.Path, err)
+		}
 	}
 	return s, nil
 }
@@ -181,12 +201,21 @@ func (s *Store) lockDir() error {
 	return nil
 }
 
-// Close releases the state file lock.
+// Close writes the whole state to the state file (so that it alone holds it), refuses
+// further changes and releases the state file lock.
 func (s *Store) Close() error {
-	if s.lock == nil {
-		return nil
+	var err error
+	if s.disk != nil {
+		if err = s.disk.close(s.snapshot); err != nil {
+			s.log.Error("state snapshot not written at close; the journal keeps every change", "op", "persist", "error", err)
+		}
 	}
-	err := s.lock.Release()
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	if s.lock == nil {
+		return err
+	}
+	err = errors.Join(err, s.lock.Release())
 	s.lock = nil
 	return err
 }
@@ -195,8 +224,7 @@ func (s *Store) Close() error {
 // itself could not have written is not trusted.
 func (s *Store) restore(st *statev1.State) error {
 	if st == nil {
-		s.svcIDs, s.beIDs = newIDAlloc(nil, s.opts.HoldIDs), newIDAlloc(nil, s.opts.HoldIDs)
-		return nil
+		st = &statev1.State{}
 	}
 	var svcIDs, beIDs []uint32
 	seenSvc, seenBe := map[uint32]bool{}, map[uint32]bool{}
@@ -237,7 +265,11 @@ func (s *Store) restore(st *statev1.State) error {
 		}
 		s.services[svc.Name] = svc
 		s.frontends[fk] = svc.Name
+		s.names = append(s.names, svc.Name)
+		s.backends += len(svc.Backends)
+		s.tables[svc.MaglevTableSize]++
 	}
+	slices.Sort(s.names)
 	for i, in := range st.BgpPeers {
 		p, verr := normalizePeer(in)
 		if verr != nil {
@@ -279,8 +311,5 @@ func (s *Store) SnapshotAndListen(l Listener) ([]*lbdv1.Service, uint64, func())
 func (s *Store) Counts() (services, backends int) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	for _, svc := range s.services {
-		backends += len(svc.Backends)
-	}
-	return len(s.services), backends
+	return len(s.services), s.backends
 }

@@ -152,21 +152,39 @@ func TestFailedWriteLeavesStateUnchanged(t *testing.T) {
 	var events int
 	_, _, stop := s.SnapshotAndListen(func(evs []Event) { events += len(evs) })
 	defer stop()
-	// A directory where the temporary file should go makes every write fail.
-	if err := os.Chmod(dir, 0o500); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.Chmod(dir, 0o700) })
-	if os.Geteuid() == 0 {
-		// root ignores directory permissions; replace the directory path instead.
-		s.opts.Path = filepath.Join(dir, "missing-dir", "state.pb")
-	}
-	if _, err := s.CreateService(testService("b", "203.0.113.2", "198.18.0.2")); err == nil {
-		t.Fatal("create succeeded although the state could not be written")
+	// The journal is closed under the store, so that appending fails; after a failed
+	// append the store writes a snapshot and a new journal first, which fails too in a
+	// directory that does not exist.
+	s.disk.j.Close()
+	missing := filepath.Join(dir, "missing", "state.pb")
+	s.disk.path, s.disk.jpath = missing, missing+JournalSuffix
+	for _, name := range []string{"b", "c"} {
+		if _, err := s.CreateService(testService(name, "203.0.113.2", "198.18.0.2")); err == nil {
+			t.Fatalf("create %s succeeded although the state could not be written", name)
+		}
 	}
 	if got := s.ListServices(""); len(got) != 1 || events != 0 {
 		t.Errorf("state or listeners changed by a failed write: %d services, %d events", len(got), events)
 	}
+	// Once the files can be written again, the next change goes through, and a restart
+	// finds it and nothing of the refused ones.
+	s.disk.path, s.disk.jpath = path, path+JournalSuffix
+	if _, err := s.CreateService(testService("d", "203.0.113.4", "198.18.0.4")); err != nil {
+		t.Fatalf("create after the files are writable again: %v", err)
+	}
+	s.Close()
+	r := open(t, path)
+	if got := names(r.ListServices("")); fmt.Sprint(got) != "[a d]" {
+		t.Errorf("after a restart: services %v, want [a d]", got)
+	}
+}
+
+func names(svcs []*lbdv1.Service) []string {
+	var out []string
+	for _, s := range svcs {
+		out = append(out, s.Name)
+	}
+	return out
 }
 
 func TestIDAllocReusesLowestFreeAfterCommit(t *testing.T) {
@@ -262,5 +280,25 @@ func TestMemoryBudget(t *testing.T) {
 	}
 	if _, err := s.CreateService(svc("s4", "203.0.113.4")); err != nil {
 		t.Errorf("after a delete the budget has room again: %v", err)
+	}
+}
+
+// TestApplySwapsFrontends: two services of an owner that swap frontends in one apply
+// each hold the other's afterwards, and neither frontend is free for a third service.
+func TestApplySwapsFrontends(t *testing.T) {
+	s := open(t, filepath.Join(t.TempDir(), "state.pb"))
+	a, b := testService("a", "203.0.113.1", "198.18.0.1"), testService("b", "203.0.113.2", "198.18.0.2")
+	if _, err := s.ApplyServices("o", []*lbdv1.Service{a, b}); err != nil {
+		t.Fatal(err)
+	}
+	a.Vip, b.Vip = b.Vip, a.Vip
+	if res, err := s.ApplyServices("o", []*lbdv1.Service{a, b}); err != nil || res.Updated != 2 {
+		t.Fatalf("swap: %+v, %v", res, err)
+	}
+	for _, vip := range []string{"203.0.113.1", "203.0.113.2"} {
+		_, err := s.CreateService(testService("c", vip, "198.18.0.3"))
+		if Code(err).String() != "AlreadyExists" {
+			t.Errorf("a third service on %s after the swap: %v, want AlreadyExists", vip, err)
+		}
 	}
 }

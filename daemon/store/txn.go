@@ -11,14 +11,24 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// txn is a transaction: copies of the maps that a mutation edits freely. Nothing is
-// visible until commit.
+// txn is a transaction: the services and frontends it changes sit in overlays over the
+// published maps, so that its cost is that of the change, not of the whole state.
+// Nothing is visible until commit. A transaction holds writeMu, which is what every
+// change of the published services and frontends also holds: reading them without mu
+// is safe here.
 type txn struct {
-	s         *Store
-	services  map[string]*lbdv1.Service
-	frontends map[frontendKey]string
-	peers     map[string]*lbdv1.BgpPeer
-	drained   bool
+	s *Store
+	// svcs are the services the transaction changed, by name; nil: removed.
+	svcs map[string]*lbdv1.Service
+	// fronts are the frontends it changed; "": freed.
+	fronts map[frontendKey]string
+	// peers are all peers (a few dozen at most), copied.
+	peers   map[string]*lbdv1.BgpPeer
+	drained bool
+	// nsvc and nbe count the services and backends after the transaction; tables the
+	// change of the number of services per Maglev table size.
+	nsvc, nbe int
+	tables    map[uint32]int
 	svcIDs    idTxn
 	beIDs     idTxn
 	events    []Event
@@ -26,27 +36,64 @@ type txn struct {
 
 func (s *Store) begin() *txn {
 	s.writeMu.Lock()
-	s.mu.RLock()
-	defer s.mu.RUnlock()
 	return &txn{
-		s:         s,
-		services:  maps.Clone(s.services),
-		frontends: maps.Clone(s.frontends),
-		peers:     maps.Clone(s.peers),
-		drained:   s.drained,
-		svcIDs:    s.svcIDs.begin(),
-		beIDs:     s.beIDs.begin(),
+		s:       s,
+		svcs:    map[string]*lbdv1.Service{},
+		fronts:  map[frontendKey]string{},
+		peers:   maps.Clone(s.peers),
+		drained: s.drained,
+		nsvc:    len(s.services),
+		nbe:     s.backends,
+		tables:  map[uint32]int{},
+		svcIDs:  s.svcIDs.begin(),
+		beIDs:   s.beIDs.begin(),
+	}
+}
+
+// service returns the service named name as the transaction sees it, or nil.
+func (t *txn) service(name string) *lbdv1.Service {
+	if svc, ok := t.svcs[name]; ok {
+		return svc
+	}
+	return t.s.services[name]
+}
+
+// frontend returns the name of the service that uses fk, as the transaction sees it.
+func (t *txn) frontend(fk frontendKey) (string, bool) {
+	if name, ok := t.fronts[fk]; ok {
+		return name, name != ""
+	}
+	name, ok := t.s.frontends[fk]
+	return name, ok
+}
+
+// setService replaces (or, with nil, removes) the service named name.
+func (t *txn) setService(name string, svc *lbdv1.Service) {
+	if old := t.service(name); old != nil {
+		t.nsvc--
+		t.nbe -= len(old.Backends)
+		t.tables[old.MaglevTableSize]--
+	}
+	if svc != nil {
+		t.nsvc++
+		t.nbe += len(svc.Backends)
+		t.tables[svc.MaglevTableSize]++
+	}
+	t.svcs[name] = svc
+}
+
+// freeFrontend frees fk if the service named owner holds it: a frontend that another
+// service of the same transaction took over stays with it.
+func (t *txn) freeFrontend(fk frontendKey, owner string) {
+	if name, ok := t.frontend(fk); ok && name == owner {
+		t.fronts[fk] = ""
 	}
 }
 
 // checkBackendTotal enforces Limits.MaxBackends over all services of the transaction.
 func (t *txn) checkBackendTotal() error {
-	n := 0
-	for _, svc := range t.services {
-		n += len(svc.Backends)
-	}
-	if lim := t.s.opts.Limits.MaxBackends; n > lim {
-		return failedPrecondition("", "%d backends in all would exceed the limit of %d", n, lim)
+	if lim := t.s.opts.Limits.MaxBackends; t.nbe > lim {
+		return failedPrecondition("", "%d backends in all would exceed the limit of %d", t.nbe, lim)
 	}
 	return nil
 }
@@ -63,12 +110,18 @@ func (t *txn) checkMemory() error {
 		return nil
 	}
 	var need uint64
-	for _, svc := range t.services {
-		need += b.TableBytes(svc.MaglevTableSize)
+	for size, n := range t.s.tables {
+		n += t.tables[size]
+		need += uint64(n) * b.TableBytes(size)
+	}
+	for size, n := range t.tables {
+		if _, seen := t.s.tables[size]; !seen {
+			need += uint64(n) * b.TableBytes(size)
+		}
 	}
 	if need > b.Tables {
 		return resourceExhausted("the Maglev tables of %d services would take %s of kernel memory, more than the %s that %s (%s) leaves for them once the other maps are counted",
-			len(t.services), humanBytes(need), humanBytes(b.Tables), b.Setting, humanBytes(b.Total))
+			t.nsvc, humanBytes(need), humanBytes(b.Tables), b.Setting, humanBytes(b.Total))
 	}
 	return nil
 }
@@ -90,7 +143,7 @@ func humanBytes(n uint64) string {
 // abort ends a transaction without effect.
 func (t *txn) abort() { t.s.writeMu.Unlock() }
 
-// commit persists the transaction's state, publishes it and notifies listeners. On a
+// commit persists the transaction's change, publishes it and notifies listeners. On a
 // write error nothing is published.
 func (t *txn) commit() error {
 	s := t.s
@@ -101,18 +154,14 @@ func (t *txn) commit() error {
 	if err := t.checkMemory(); err != nil {
 		return err
 	}
-	if s.opts.Path != "" {
-		data, err := encodeState(t.state())
-		if err != nil {
-			return err
-		}
-		if err := writeFileAtomic(s.opts.Path, data); err != nil {
+	if s.disk != nil {
+		if err := s.disk.append(t.journalEntry(), s.snapshot); err != nil {
 			s.log.Error("state not saved; change rejected", "op", "persist", "path", s.opts.Path, "error", err)
 			return fmt.Errorf("save state: %w", err)
 		}
 	}
 	s.mu.Lock()
-	s.services, s.frontends, s.peers, s.drained = t.services, t.frontends, t.peers, t.drained
+	t.publish()
 	s.seq++
 	t.svcIDs.commit(s.seq)
 	t.beIDs.commit(s.seq)
@@ -140,16 +189,104 @@ func (t *txn) commit() error {
 	}
 	s.mu.Unlock()
 	s.notify(t.events)
+	if s.disk != nil {
+		s.disk.maybeCompact(s.snapshot)
+	}
 	return nil
 }
 
-func (t *txn) state() *statev1.State {
-	st := &statev1.State{NodeDrained: t.drained}
-	for _, name := range slices.Sorted(maps.Keys(t.services)) {
-		st.Services = append(st.Services, t.services[name])
+// publish makes the transaction's change the store's state. Caller holds writeMu and mu.
+func (t *txn) publish() {
+	s := t.s
+	var added []string
+	removed := map[string]bool{}
+	for name, svc := range t.svcs {
+		_, existed := s.services[name]
+		switch {
+		case svc == nil && existed:
+			delete(s.services, name)
+			removed[name] = true
+		case svc != nil:
+			if !existed {
+				added = append(added, name)
+			}
+			s.services[name] = svc
+		}
+	}
+	if len(added) > 0 || len(removed) > 0 {
+		slices.Sort(added)
+		s.names = mergeNames(s.names, added, removed)
+	}
+	for fk, name := range t.fronts {
+		if name == "" {
+			delete(s.frontends, fk)
+		} else {
+			s.frontends[fk] = name
+		}
+	}
+	for size, n := range t.tables {
+		if s.tables[size] += n; s.tables[size] == 0 {
+			delete(s.tables, size)
+		}
+	}
+	s.backends = t.nbe
+	s.peers, s.drained = t.peers, t.drained
+}
+
+// mergeNames returns the sorted names without those removed and with those added
+// (sorted, none already present), in one pass.
+func mergeNames(names, added []string, removed map[string]bool) []string {
+	out := make([]string, 0, len(names)+len(added)-len(removed))
+	i := 0
+	for _, n := range names {
+		for i < len(added) && added[i] < n {
+			out = append(out, added[i])
+			i++
+		}
+		if !removed[n] {
+			out = append(out, n)
+		}
+	}
+	return append(out, added[i:]...)
+}
+
+// journalEntry is what the transaction changes, for the journal.
+func (t *txn) journalEntry() *statev1.JournalEntry {
+	s := t.s
+	e := &statev1.JournalEntry{}
+	for _, name := range slices.Sorted(maps.Keys(t.svcs)) {
+		switch svc := t.svcs[name]; {
+		case svc != nil:
+			e.Services = append(e.Services, svc)
+		case s.services[name] != nil:
+			e.DeletedServices = append(e.DeletedServices, name)
+		}
 	}
 	for _, addr := range slices.Sorted(maps.Keys(t.peers)) {
-		st.BgpPeers = append(st.BgpPeers, t.peers[addr])
+		if p := t.peers[addr]; s.peers[addr] != p {
+			e.BgpPeers = append(e.BgpPeers, p)
+		}
+	}
+	for _, addr := range slices.Sorted(maps.Keys(s.peers)) {
+		if _, ok := t.peers[addr]; !ok {
+			e.DeletedBgpPeers = append(e.DeletedBgpPeers, addr)
+		}
+	}
+	if t.drained != s.drained {
+		e.NodeDrained = proto.Bool(t.drained)
+	}
+	return e
+}
+
+// snapshot is the whole state as the journal's last entry left it. Caller holds writeMu.
+// The services are shared, not copied: stored services are never modified.
+func (s *Store) snapshot() *statev1.State {
+	st := &statev1.State{NodeDrained: s.drained, Services: make([]*lbdv1.Service, 0, len(s.names))}
+	for _, name := range s.names {
+		st.Services = append(st.Services, s.services[name])
+	}
+	for _, addr := range slices.Sorted(maps.Keys(s.peers)) {
+		st.BgpPeers = append(st.BgpPeers, s.peers[addr])
 	}
 	return st
 }
@@ -163,7 +300,7 @@ func (t *txn) put(svc *lbdv1.Service, old *lbdv1.Service) {
 		for _, b := range old.Backends {
 			oldIDs[backendKey(b)] = b.Id
 		}
-		delete(t.frontends, frontendOf(old))
+		t.freeFrontend(frontendOf(old), old.Name)
 	} else {
 		svc.Id, svc.Revision = t.svcIDs.get(), 1
 	}
@@ -176,11 +313,11 @@ func (t *txn) put(svc *lbdv1.Service, old *lbdv1.Service) {
 			b.Id = t.beIDs.get()
 		}
 	}
-	for _, id := range oldIDs {
+	for _, id := range slices.Sorted(maps.Values(oldIDs)) {
 		t.beIDs.put(id)
 	}
-	t.services[svc.Name] = svc
-	t.frontends[frontendOf(svc)] = svc.Name
+	t.setService(svc.Name, svc)
+	t.fronts[frontendOf(svc)] = svc.Name
 	typ := Added
 	if old != nil {
 		typ = Modified
@@ -189,8 +326,8 @@ func (t *txn) put(svc *lbdv1.Service, old *lbdv1.Service) {
 }
 
 func (t *txn) remove(old *lbdv1.Service) {
-	delete(t.services, old.Name)
-	delete(t.frontends, frontendOf(old))
+	t.setService(old.Name, nil)
+	t.freeFrontend(frontendOf(old), old.Name)
 	t.svcIDs.put(old.Id)
 	for _, b := range old.Backends {
 		t.beIDs.put(b.Id)
@@ -201,7 +338,7 @@ func (t *txn) remove(old *lbdv1.Service) {
 // checkFrontend reports a conflict of svc's frontend with another service.
 func (t *txn) checkFrontend(svc *lbdv1.Service) error {
 	fk := frontendOf(svc)
-	if other, ok := t.frontends[fk]; ok && other != svc.Name {
+	if other, ok := t.frontend(fk); ok && other != svc.Name {
 		return alreadyExists("service.vip", "frontend %s is already used by service %q", fk, other)
 	}
 	return nil

@@ -31,8 +31,12 @@ type State struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Services []*v1.Service          `protobuf:"bytes,1,rep,name=services,proto3" json:"services,omitempty"`
 	// Peers with their passwords.
-	BgpPeers      []*v1.BgpPeer `protobuf:"bytes,2,rep,name=bgp_peers,json=bgpPeers,proto3" json:"bgp_peers,omitempty"`
-	NodeDrained   bool          `protobuf:"varint,3,opt,name=node_drained,json=nodeDrained,proto3" json:"node_drained,omitempty"`
+	BgpPeers    []*v1.BgpPeer `protobuf:"bytes,2,rep,name=bgp_peers,json=bgpPeers,proto3" json:"bgp_peers,omitempty"`
+	NodeDrained bool          `protobuf:"varint,3,opt,name=node_drained,json=nodeDrained,proto3" json:"node_drained,omitempty"`
+	// The sequence number of the last change the snapshot holds: the journal next to the
+	// state file (state.pb.journal) continues with the change numbered one more. 0 in a
+	// file written before the journal existed.
+	Sequence      uint64 `protobuf:"varint,4,opt,name=sequence,proto3" json:"sequence,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -88,15 +92,123 @@ func (x *State) GetNodeDrained() bool {
 	return false
 }
 
+func (x *State) GetSequence() uint64 {
+	if x != nil {
+		return x.Sequence
+	}
+	return 0
+}
+
+// JournalEntry is one change of the desired state, appended to the journal (and synced)
+// before the change is acknowledged. It holds what the change left, not how it got there.
+type JournalEntry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One more than the entry (or snapshot) before it.
+	Sequence uint64 `protobuf:"varint,1,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	// Services created or replaced, whole, with their IDs and revision.
+	Services []*v1.Service `protobuf:"bytes,2,rep,name=services,proto3" json:"services,omitempty"`
+	// Names of services removed.
+	DeletedServices []string `protobuf:"bytes,3,rep,name=deleted_services,json=deletedServices,proto3" json:"deleted_services,omitempty"`
+	// Peers created or replaced, with their passwords.
+	BgpPeers []*v1.BgpPeer `protobuf:"bytes,4,rep,name=bgp_peers,json=bgpPeers,proto3" json:"bgp_peers,omitempty"`
+	// Addresses of peers removed.
+	DeletedBgpPeers []string `protobuf:"bytes,5,rep,name=deleted_bgp_peers,json=deletedBgpPeers,proto3" json:"deleted_bgp_peers,omitempty"`
+	// The node's drain flag, when the change set it.
+	NodeDrained   *bool `protobuf:"varint,6,opt,name=node_drained,json=nodeDrained,proto3,oneof" json:"node_drained,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JournalEntry) Reset() {
+	*x = JournalEntry{}
+	mi := &file_lbd_state_v1_state_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JournalEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JournalEntry) ProtoMessage() {}
+
+func (x *JournalEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_lbd_state_v1_state_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JournalEntry.ProtoReflect.Descriptor instead.
+func (*JournalEntry) Descriptor() ([]byte, []int) {
+	return file_lbd_state_v1_state_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *JournalEntry) GetSequence() uint64 {
+	if x != nil {
+		return x.Sequence
+	}
+	return 0
+}
+
+func (x *JournalEntry) GetServices() []*v1.Service {
+	if x != nil {
+		return x.Services
+	}
+	return nil
+}
+
+func (x *JournalEntry) GetDeletedServices() []string {
+	if x != nil {
+		return x.DeletedServices
+	}
+	return nil
+}
+
+func (x *JournalEntry) GetBgpPeers() []*v1.BgpPeer {
+	if x != nil {
+		return x.BgpPeers
+	}
+	return nil
+}
+
+func (x *JournalEntry) GetDeletedBgpPeers() []string {
+	if x != nil {
+		return x.DeletedBgpPeers
+	}
+	return nil
+}
+
+func (x *JournalEntry) GetNodeDrained() bool {
+	if x != nil && x.NodeDrained != nil {
+		return *x.NodeDrained
+	}
+	return false
+}
+
 var File_lbd_state_v1_state_proto protoreflect.FileDescriptor
 
 const file_lbd_state_v1_state_proto_rawDesc = "" +
 	"\n" +
-	"\x18lbd/state/v1/state.proto\x12\flbd.state.v1\x1a\x10lbd/v1/bgp.proto\x1a\x14lbd/v1/service.proto\"\x85\x01\n" +
+	"\x18lbd/state/v1/state.proto\x12\flbd.state.v1\x1a\x10lbd/v1/bgp.proto\x1a\x14lbd/v1/service.proto\"\xa1\x01\n" +
 	"\x05State\x12+\n" +
 	"\bservices\x18\x01 \x03(\v2\x0f.lbd.v1.ServiceR\bservices\x12,\n" +
 	"\tbgp_peers\x18\x02 \x03(\v2\x0f.lbd.v1.BgpPeerR\bbgpPeers\x12!\n" +
-	"\fnode_drained\x18\x03 \x01(\bR\vnodeDrainedB3Z1github.com/lbd-dev/lbd/proto/lbd/state/v1;statev1b\x06proto3"
+	"\fnode_drained\x18\x03 \x01(\bR\vnodeDrained\x12\x1a\n" +
+	"\bsequence\x18\x04 \x01(\x04R\bsequence\"\x95\x02\n" +
+	"\fJournalEntry\x12\x1a\n" +
+	"\bsequence\x18\x01 \x01(\x04R\bsequence\x12+\n" +
+	"\bservices\x18\x02 \x03(\v2\x0f.lbd.v1.ServiceR\bservices\x12)\n" +
+	"\x10deleted_services\x18\x03 \x03(\tR\x0fdeletedServices\x12,\n" +
+	"\tbgp_peers\x18\x04 \x03(\v2\x0f.lbd.v1.BgpPeerR\bbgpPeers\x12*\n" +
+	"\x11deleted_bgp_peers\x18\x05 \x03(\tR\x0fdeletedBgpPeers\x12&\n" +
+	"\fnode_drained\x18\x06 \x01(\bH\x00R\vnodeDrained\x88\x01\x01B\x0f\n" +
+	"\r_node_drainedB3Z1github.com/lbd-dev/lbd/proto/lbd/state/v1;statev1b\x06proto3"
 
 var (
 	file_lbd_state_v1_state_proto_rawDescOnce sync.Once
@@ -110,20 +222,23 @@ func file_lbd_state_v1_state_proto_rawDescGZIP() []byte {
 	return file_lbd_state_v1_state_proto_rawDescData
 }
 
-var file_lbd_state_v1_state_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
+var file_lbd_state_v1_state_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
 var file_lbd_state_v1_state_proto_goTypes = []any{
-	(*State)(nil),      // 0: lbd.state.v1.State
-	(*v1.Service)(nil), // 1: lbd.v1.Service
-	(*v1.BgpPeer)(nil), // 2: lbd.v1.BgpPeer
+	(*State)(nil),        // 0: lbd.state.v1.State
+	(*JournalEntry)(nil), // 1: lbd.state.v1.JournalEntry
+	(*v1.Service)(nil),   // 2: lbd.v1.Service
+	(*v1.BgpPeer)(nil),   // 3: lbd.v1.BgpPeer
 }
 var file_lbd_state_v1_state_proto_depIdxs = []int32{
-	1, // 0: lbd.state.v1.State.services:type_name -> lbd.v1.Service
-	2, // 1: lbd.state.v1.State.bgp_peers:type_name -> lbd.v1.BgpPeer
-	2, // [2:2] is the sub-list for method output_type
-	2, // [2:2] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	2, // 0: lbd.state.v1.State.services:type_name -> lbd.v1.Service
+	3, // 1: lbd.state.v1.State.bgp_peers:type_name -> lbd.v1.BgpPeer
+	2, // 2: lbd.state.v1.JournalEntry.services:type_name -> lbd.v1.Service
+	3, // 3: lbd.state.v1.JournalEntry.bgp_peers:type_name -> lbd.v1.BgpPeer
+	4, // [4:4] is the sub-list for method output_type
+	4, // [4:4] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_lbd_state_v1_state_proto_init() }
@@ -131,13 +246,14 @@ func file_lbd_state_v1_state_proto_init() {
 	if File_lbd_state_v1_state_proto != nil {
 		return
 	}
+	file_lbd_state_v1_state_proto_msgTypes[1].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lbd_state_v1_state_proto_rawDesc), len(file_lbd_state_v1_state_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   1,
+			NumMessages:   2,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
