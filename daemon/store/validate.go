@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/lbd-dev/lbd/daemon/maglev"
@@ -60,6 +61,21 @@ func (l Limits) Validate() error {
 	if err := maglev.ValidateTableSize(l.DefaultTableSize); err != nil {
 		return fmt.Errorf("default_maglev_table_size: %w", err)
 	}
+	return nil
+}
+
+// tableSizes remembers the table sizes found valid: a primality test per service would
+// be most of the cost of validating thousands of them, and few sizes are in use.
+var tableSizes sync.Map
+
+func validTableSize(m uint32) error {
+	if _, ok := tableSizes.Load(m); ok {
+		return nil
+	}
+	if err := maglev.ValidateTableSize(m); err != nil {
+		return err
+	}
+	tableSizes.Store(m, true)
 	return nil
 }
 
@@ -167,7 +183,7 @@ func normalizeService(svc *lbdv1.Service, lim Limits) (*lbdv1.Service, *Error) {
 	if s.MaglevTableSize == 0 {
 		s.MaglevTableSize = lim.DefaultTableSize
 	}
-	if err := maglev.ValidateTableSize(s.MaglevTableSize); err != nil {
+	if err := validTableSize(s.MaglevTableSize); err != nil {
 		return nil, invalid("service.maglev_table_size", "%v", err)
 	}
 	switch s.HashMode {
@@ -216,7 +232,10 @@ func normalizeService(svc *lbdv1.Service, lim Limits) (*lbdv1.Service, *Error) {
 	var weights uint32
 	for i, b := range s.Backends {
 		field := fmt.Sprintf("service.backends[%d]", i)
-		nb, err := normalizeBackend(field, b, vip, s)
+		if b == nil {
+			return nil, invalid(field, "is empty")
+		}
+		nb, err := fixBackend(field, b, vip, s) // b is part of the clone s
 		if err != nil {
 			return nil, err
 		}
@@ -368,7 +387,11 @@ func normalizeBackend(field string, b *lbdv1.Backend, vip netip.Addr, svc *lbdv1
 	if b == nil {
 		return nil, invalid(field, "is empty")
 	}
-	nb := proto.Clone(b).(*lbdv1.Backend)
+	return fixBackend(field, proto.Clone(b).(*lbdv1.Backend), vip, svc)
+}
+
+// fixBackend is normalizeBackend on a backend of the caller's own, changed in place.
+func fixBackend(field string, nb *lbdv1.Backend, vip netip.Addr, svc *lbdv1.Service) (*lbdv1.Backend, *Error) {
 	nb.Id, nb.Health, nb.TableSlots = 0, nil, 0
 	addr, err := parseAddr(field+".address", nb.Address)
 	if err != nil {
