@@ -37,7 +37,7 @@ func DefaultLimits() Limits {
 	return Limits{
 		MaxServices:           16384,
 		MaxBackendsPerService: 1024,
-		MaxBackends:           65535,
+		MaxBackends:           262143,
 		MaxSourceRanges:       256,
 		MaxBgpPeers:           64,
 		DefaultTableSize:      maglev.DefaultTableSize,

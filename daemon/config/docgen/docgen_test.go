@@ -58,7 +58,7 @@ func TestConfigReference(t *testing.T) {
 	for _, row := range []string{
 		"| `datapath.nat_size` | uint32 | `262144` | `conntrack_size` is the LB conntrack table's size in flows (its maps hold a quarter more, headroom the collector gives back); `nat_size` the backend's. |",
 		"| `api.socket` | string | `\"/run/lbd/lbd.sock\"` |",
-		"| `limits.max_backends` | int | `65535` |",
+		"| `limits.max_backends` | int | `262143` |",
 		"| `datapath.gc_max_interval` | duration | `\"1m0s\"` |",
 		"| `bgp` | object (optional) | absent |",
 		"| `bgp.peers[].graceful_restart.restart_time` | duration | — |",
