@@ -57,8 +57,8 @@ func (s *Store) ListServices(owner string) []*lbdv1.Service {
 }
 
 // ListServicesPage returns, in name order, up to limit services (of owner, if
-// non-empty) whose names sort after after, and whether more follow. A page costs what
-// it returns, whatever the number of services.
+// non-empty; all for a negative limit) whose names sort after after, and whether more
+// follow. A page costs what it returns, whatever the number of services.
 func (s *Store) ListServicesPage(owner, after string, limit int) ([]*lbdv1.Service, bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -66,7 +66,11 @@ func (s *Store) ListServicesPage(owner, after string, limit int) ([]*lbdv1.Servi
 	if found {
 		i++
 	}
-	out := make([]*lbdv1.Service, 0, min(limit, len(s.names)-i))
+	n := len(s.names) - i
+	if limit >= 0 {
+		n = min(n, limit)
+	}
+	out := make([]*lbdv1.Service, 0, n)
 	for ; i < len(s.names); i++ {
 		svc := s.services[s.names[i]]
 		if owner != "" && svc.Owner != owner {

@@ -264,7 +264,17 @@ func (x *GetServiceResponse) GetService() *Service {
 type ListServicesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Only services of this owner; empty lists all.
-	Owner         string `protobuf:"bytes,1,opt,name=owner,proto3" json:"owner,omitempty"`
+	Owner string `protobuf:"bytes,1,opt,name=owner,proto3" json:"owner,omitempty"`
+	// The most services to return; above 1000, 1000 are returned. 0 returns every
+	// service (after page_token) in one response, as clients written before pagination
+	// expect; thousands of services are listed faster, and with less memory on both
+	// sides, in pages.
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// The next_page_token of the previous response, to get the page that follows it. The
+	// owner must be the same as in that request. Each page reflects the services as they
+	// are when it is asked for: a service created or removed meanwhile appears or not
+	// depending on whether its name sorts after the previous page.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -306,9 +316,25 @@ func (x *ListServicesRequest) GetOwner() string {
 	return ""
 }
 
+func (x *ListServicesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListServicesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListServicesResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Services      []*Service             `protobuf:"bytes,1,rep,name=services,proto3" json:"services,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Services []*Service             `protobuf:"bytes,1,rep,name=services,proto3" json:"services,omitempty"`
+	// Set when more services follow: pass it as page_token. Empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -348,6 +374,13 @@ func (x *ListServicesResponse) GetServices() []*Service {
 		return x.Services
 	}
 	return nil
+}
+
+func (x *ListServicesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type UpdateServiceRequest struct {
@@ -2672,11 +2705,15 @@ const file_lbd_v1_api_proto_rawDesc = "" +
 	"\x11GetServiceRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"?\n" +
 	"\x12GetServiceResponse\x12)\n" +
-	"\aservice\x18\x01 \x01(\v2\x0f.lbd.v1.ServiceR\aservice\"+\n" +
+	"\aservice\x18\x01 \x01(\v2\x0f.lbd.v1.ServiceR\aservice\"g\n" +
 	"\x13ListServicesRequest\x12\x14\n" +
-	"\x05owner\x18\x01 \x01(\tR\x05owner\"C\n" +
+	"\x05owner\x18\x01 \x01(\tR\x05owner\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"k\n" +
 	"\x14ListServicesResponse\x12+\n" +
-	"\bservices\x18\x01 \x03(\v2\x0f.lbd.v1.ServiceR\bservices\"n\n" +
+	"\bservices\x18\x01 \x03(\v2\x0f.lbd.v1.ServiceR\bservices\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"n\n" +
 	"\x14UpdateServiceRequest\x12)\n" +
 	"\aservice\x18\x01 \x01(\v2\x0f.lbd.v1.ServiceR\aservice\x12+\n" +
 	"\x11expected_revision\x18\x02 \x01(\x04R\x10expectedRevision\"B\n" +

@@ -54,7 +54,8 @@ type LoadBalancerServiceClient interface {
 	CreateService(ctx context.Context, in *CreateServiceRequest, opts ...grpc.CallOption) (*CreateServiceResponse, error)
 	// GetService returns one service with its backends and status.
 	GetService(ctx context.Context, in *GetServiceRequest, opts ...grpc.CallOption) (*GetServiceResponse, error)
-	// ListServices returns every service, sorted by name, optionally filtered by owner.
+	// ListServices returns the services sorted by name, optionally filtered by owner, in
+	// pages when page_size is set (AIP-158).
 	ListServices(ctx context.Context, in *ListServicesRequest, opts ...grpc.CallOption) (*ListServicesResponse, error)
 	// UpdateService replaces a service's spec (frontend, options and backends) as a whole.
 	// Output-only fields are ignored. With expected_revision set, the update applies only
@@ -66,7 +67,10 @@ type LoadBalancerServiceClient interface {
 	// missing ones are created, changed ones updated, absent ones deleted. It is
 	// all-or-nothing and never touches services of another owner.
 	ApplyServices(ctx context.Context, in *ApplyServicesRequest, opts ...grpc.CallOption) (*ApplyServicesResponse, error)
-	// WatchServices streams the current services, a SYNCED marker, then every change.
+	// WatchServices streams the current services, a SYNCED marker, then every change. A
+	// node serves api.max_watchers watches at once; one more is refused with
+	// RESOURCE_EXHAUSTED. A watch that falls more than api.watch_backlog changes behind
+	// is ended with RESOURCE_EXHAUSTED: watch again for a fresh snapshot.
 	WatchServices(ctx context.Context, in *WatchServicesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchServicesResponse], error)
 	// CreateBackend adds a backend to a service.
 	CreateBackend(ctx context.Context, in *CreateBackendRequest, opts ...grpc.CallOption) (*CreateBackendResponse, error)
@@ -277,7 +281,8 @@ type LoadBalancerServiceServer interface {
 	CreateService(context.Context, *CreateServiceRequest) (*CreateServiceResponse, error)
 	// GetService returns one service with its backends and status.
 	GetService(context.Context, *GetServiceRequest) (*GetServiceResponse, error)
-	// ListServices returns every service, sorted by name, optionally filtered by owner.
+	// ListServices returns the services sorted by name, optionally filtered by owner, in
+	// pages when page_size is set (AIP-158).
 	ListServices(context.Context, *ListServicesRequest) (*ListServicesResponse, error)
 	// UpdateService replaces a service's spec (frontend, options and backends) as a whole.
 	// Output-only fields are ignored. With expected_revision set, the update applies only
@@ -289,7 +294,10 @@ type LoadBalancerServiceServer interface {
 	// missing ones are created, changed ones updated, absent ones deleted. It is
 	// all-or-nothing and never touches services of another owner.
 	ApplyServices(context.Context, *ApplyServicesRequest) (*ApplyServicesResponse, error)
-	// WatchServices streams the current services, a SYNCED marker, then every change.
+	// WatchServices streams the current services, a SYNCED marker, then every change. A
+	// node serves api.max_watchers watches at once; one more is refused with
+	// RESOURCE_EXHAUSTED. A watch that falls more than api.watch_backlog changes behind
+	// is ended with RESOURCE_EXHAUSTED: watch again for a fresh snapshot.
 	WatchServices(*WatchServicesRequest, grpc.ServerStreamingServer[WatchServicesResponse]) error
 	// CreateBackend adds a backend to a service.
 	CreateBackend(context.Context, *CreateBackendRequest) (*CreateBackendResponse, error)
