@@ -56,9 +56,12 @@ type Options struct {
 	Version  string
 	Datapath Datapath
 	BGP      BGP
-	// WatchBuffer is how many events a watcher may lag behind before its stream is ended
-	// with RESOURCE_EXHAUSTED (it then re-watches and gets a fresh snapshot).
-	WatchBuffer int
+	// MaxWatchers bounds the WatchServices streams open at once (DefaultMaxWatchers if 0).
+	MaxWatchers int
+	// WatchBacklog is how many changes a watcher may lag behind before its stream is
+	// ended with RESOURCE_EXHAUSTED (it then re-watches and gets a fresh snapshot);
+	// DefaultWatchBacklog if 0.
+	WatchBacklog int
 }
 
 // Server implements the three lbd.v1 services.
@@ -73,6 +76,7 @@ type Server struct {
 	start    time.Time
 	stopping chan struct{}
 	stopOnce sync.Once
+	watchers counter
 }
 
 // New returns a server; Register attaches it to a grpc.Server.
@@ -80,10 +84,14 @@ func New(opts Options) *Server {
 	if opts.Logger == nil {
 		opts.Logger = hclog.NewNullLogger()
 	}
-	if opts.WatchBuffer <= 0 {
-		opts.WatchBuffer = 4096
+	if opts.MaxWatchers <= 0 {
+		opts.MaxWatchers = DefaultMaxWatchers
 	}
-	return &Server{opts: opts, st: opts.Store, log: opts.Logger, start: time.Now(), stopping: make(chan struct{})}
+	if opts.WatchBacklog <= 0 {
+		opts.WatchBacklog = DefaultWatchBacklog
+	}
+	return &Server{opts: opts, st: opts.Store, log: opts.Logger, start: time.Now(), stopping: make(chan struct{}),
+		watchers: counter{limit: opts.MaxWatchers}}
 }
 
 // Shutdown ends every open stream (watches, reflection) so that a graceful stop of the
@@ -141,11 +149,6 @@ func (s *Server) GetService(_ context.Context, r *lbdv1.GetServiceRequest) (*lbd
 		return nil, err
 	}
 	return &lbdv1.GetServiceResponse{Service: svc}, nil
-}
-
-// ListServices implements lbdv1.LoadBalancerServiceServer.
-func (s *Server) ListServices(_ context.Context, r *lbdv1.ListServicesRequest) (*lbdv1.ListServicesResponse, error) {
-	return &lbdv1.ListServicesResponse{Services: s.st.ListServices(r.GetOwner())}, nil
 }
 
 // UpdateService implements lbdv1.LoadBalancerServiceServer.

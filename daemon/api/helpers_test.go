@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lbd-dev/lbd/daemon/api"
 	"github.com/lbd-dev/lbd/daemon/apitest"
 	"github.com/lbd-dev/lbd/daemon/store"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
@@ -33,7 +34,13 @@ func start(t testing.TB) *clients {
 
 func startWith(t testing.TB, lim store.Limits) *clients {
 	t.Helper()
-	srv := apitest.StartServer(t, lim)
+	return startOpts(t, lim, api.Options{})
+}
+
+// startOpts serves the API with limits and options (watch bounds, datapath).
+func startOpts(t testing.TB, lim store.Limits, opts api.Options) *clients {
+	t.Helper()
+	srv := apitest.StartWithOptions(t, lim, opts)
 	conn, err := grpc.NewClient(srv.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatalf("dial: %v", err)

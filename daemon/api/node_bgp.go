@@ -3,72 +3,11 @@ package api
 import (
 	"context"
 
-	"github.com/lbd-dev/lbd/daemon/store"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
-
-// WatchServices implements lbdv1.LoadBalancerServiceServer: a snapshot, a SYNCED marker,
-// then every change. A watcher that falls more than WatchBuffer events behind is ended
-// with RESOURCE_EXHAUSTED rather than slowing the store down.
-func (s *Server) WatchServices(r *lbdv1.WatchServicesRequest, stream lbdv1.LoadBalancerService_WatchServicesServer) error {
-	owner := r.GetOwner()
-	ch := make(chan store.Event, s.opts.WatchBuffer)
-	overflow := make(chan struct{})
-	closed := false
-	snap, _, cancel := s.st.SnapshotAndListen(func(evs []store.Event) {
-		if closed {
-			return
-		}
-		for _, ev := range evs {
-			if ev.Type == store.Node || (owner != "" && ev.Service.GetOwner() != owner) {
-				continue
-			}
-			select {
-			case ch <- ev:
-			default:
-				closed = true
-				close(overflow)
-				return
-			}
-		}
-	})
-	defer cancel()
-	for _, svc := range snap {
-		if owner != "" && svc.Owner != owner {
-			continue
-		}
-		if err := stream.Send(&lbdv1.WatchServicesResponse{Type: lbdv1.WatchEventType_WATCH_EVENT_TYPE_ADDED, Service: svc}); err != nil {
-			return err
-		}
-	}
-	if err := stream.Send(&lbdv1.WatchServicesResponse{Type: lbdv1.WatchEventType_WATCH_EVENT_TYPE_SYNCED}); err != nil {
-		return err
-	}
-	for {
-		select {
-		case <-s.stopping:
-			return status.Error(codes.Unavailable, "lbd is shutting down; watch again when it is back")
-		case <-stream.Context().Done():
-			return stream.Context().Err()
-		case <-overflow:
-			return status.Error(codes.ResourceExhausted, "watch fell too far behind; watch again for a fresh snapshot")
-		case ev := <-ch:
-			typ := lbdv1.WatchEventType_WATCH_EVENT_TYPE_MODIFIED
-			switch ev.Type {
-			case store.Added:
-				typ = lbdv1.WatchEventType_WATCH_EVENT_TYPE_ADDED
-			case store.Deleted:
-				typ = lbdv1.WatchEventType_WATCH_EVENT_TYPE_DELETED
-			}
-			if err := stream.Send(&lbdv1.WatchServicesResponse{Type: typ, Service: ev.Service}); err != nil {
-				return err
-			}
-		}
-	}
-}
 
 func (s *Server) node() *lbdv1.Node {
 	svcs, bes := s.st.Counts()

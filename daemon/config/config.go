@@ -189,6 +189,25 @@ type API struct {
 	// Socket is the Unix socket path (mode 0600); empty disables it.
 	Socket string `json:"socket"`
 	TCP    TCP    `json:"tcp"`
+	// MaxWatchers bounds the WatchServices streams open at once (a Kubernetes adapter
+	// holds one); one more is refused with RESOURCE_EXHAUSTED.
+	MaxWatchers int `json:"max_watchers"`
+	// WatchBacklog is how many changes a watcher may fall behind before its stream is
+	// ended with RESOURCE_EXHAUSTED (it then watches again and gets a fresh snapshot).
+	// 0: four times limits.max_services, room for every service to change and report
+	// its datapath status twice while a watcher keeps reading.
+	WatchBacklog int `json:"watch_backlog"`
+}
+
+// Watch bounds of Default.
+const defaultMaxWatchers = 256
+
+// WatchBacklogOrDefault is WatchBacklog, or its default for the limits.
+func (c Config) WatchBacklogOrDefault() int {
+	if c.API.WatchBacklog > 0 {
+		return c.API.WatchBacklog
+	}
+	return 4 * c.Limits.MaxServices
 }
 
 // TCP configures the optional TCP listener, which only speaks mutual TLS.
@@ -207,7 +226,7 @@ func Default() Config {
 	return Config{
 		Log:      Log{Level: "info"},
 		StateDir: "/var/lib/lbd",
-		API:      API{Socket: "/run/lbd/lbd.sock"},
+		API:      API{Socket: "/run/lbd/lbd.sock", MaxWatchers: defaultMaxWatchers},
 		Limits:   store.DefaultLimits(),
 		Datapath: Datapath{
 			BPFFSDir:           "/sys/fs/bpf/lbd",
@@ -275,6 +294,12 @@ func (c Config) Validate() error {
 		if t.CertFile == "" || t.KeyFile == "" || t.ClientCAFile == "" {
 			errs = append(errs, errors.New("api.tcp: the TCP listener requires cert_file, key_file and client_ca_file (mutual TLS only)"))
 		}
+	}
+	if c.API.MaxWatchers < 1 {
+		errs = append(errs, fmt.Errorf("api.max_watchers: must be at least 1, got %d", c.API.MaxWatchers))
+	}
+	if c.API.WatchBacklog < 0 {
+		errs = append(errs, fmt.Errorf("api.watch_backlog: must not be negative, got %d", c.API.WatchBacklog))
 	}
 	seen := map[string]bool{}
 	for _, r := range c.Roles {

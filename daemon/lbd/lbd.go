@@ -420,7 +420,8 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 		}
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
 	}
-	apiSrv := api.New(api.Options{Store: st, Logger: log.Named("api"), Version: Version, Roles: cfg.Roles, Datapath: apiDP, BGP: apiBGP})
+	apiSrv := api.New(api.Options{Store: st, Logger: log.Named("api"), Version: Version, Roles: cfg.Roles, Datapath: apiDP, BGP: apiBGP,
+		MaxWatchers: cfg.API.MaxWatchers, WatchBacklog: cfg.WatchBacklogOrDefault()})
 	opts = append(opts, grpc.ChainStreamInterceptor(apiSrv.StreamInterceptor))
 	// The Unix socket needs no TLS: its 0600 mode restricts it to the daemon's user.
 	unixSrv := grpc.NewServer(grpc.ChainStreamInterceptor(apiSrv.StreamInterceptor))
