@@ -156,13 +156,6 @@ func sortBackends(bs []*lbdv1.Backend) {
 	})
 }
 
-func sortServices(ss []*lbdv1.Service) {
-	slices.SortFunc(ss, func(x, y *lbdv1.Service) int { return strings.Compare(x.Name, y.Name) })
-	for _, s := range ss {
-		sortBackends(s.Backends)
-	}
-}
-
 func sortPeers(ps []*lbdv1.BgpPeer) {
 	slices.SortFunc(ps, func(x, y *lbdv1.BgpPeer) int { return compareAddr(x.Address, y.Address) })
 }

