@@ -1,0 +1,100 @@
+package lbd
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/lbd-dev/lbd/daemon/config"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+// The API's listeners: the Unix socket, the mutual-TLS TCP listener, gRPC health.
+
+// listenUnix listens on a Unix socket created with mode 0600. A stale socket file from
+// a crashed daemon is replaced; a live one is an error.
+func listenUnix(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("create socket directory: %w", err)
+	}
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		c.Close()
+		return nil, fmt.Errorf("socket %s: another lbd is listening on it", path)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("remove stale socket: %w", err)
+	}
+	// The umask makes the socket 0600 from its creation: no window in which others could
+	// connect.
+	old := syscall.Umask(0o177)
+	ln, err := net.Listen("unix", path)
+	syscall.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	return ln, nil
+}
+
+// serverTLS builds the TCP listener's TLS configuration: mutual TLS, client certificates
+// required and verified against the client CA.
+func serverTLS(c config.TCP) (*tls.Config, error) {
+	if c.CertFile == "" || c.KeyFile == "" || c.ClientCAFile == "" {
+		return nil, errors.New("the TCP listener requires a server certificate, key and client CA (mutual TLS only)")
+	}
+	cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("load server certificate: %w", err)
+	}
+	pem, err := os.ReadFile(c.ClientCAFile)
+	if err != nil {
+		return nil, fmt.Errorf("read client CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("client CA %s: no PEM certificate found", c.ClientCAFile)
+	}
+	return &tls.Config{
+		Certificates: []tls.Certificate{cert},
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		ClientCAs:    pool,
+		MinVersion:   tls.VersionTLS12,
+	}, nil
+}
+
+// healthPoll is how often gRPC health follows the node's readiness.
+const healthPoll = 500 * time.Millisecond
+
+// serveHealth keeps grpc.health.v1 in line with the node's readiness until ctx ends:
+// SERVING for the whole server ("") and every service while ready, NOT_SERVING while
+// the datapath is detached or not yet in line with the desired state.
+func serveHealth(ctx context.Context, hs *health.Server, srv *grpc.Server, ready func() (bool, string)) {
+	names := []string{""}
+	for name := range srv.GetServiceInfo() {
+		names = append(names, name)
+	}
+	t := time.NewTicker(healthPoll)
+	defer t.Stop()
+	for {
+		st := healthpb.HealthCheckResponse_NOT_SERVING
+		if ok, _ := ready(); ok {
+			st = healthpb.HealthCheckResponse_SERVING
+		}
+		for _, n := range names {
+			hs.SetServingStatus(n, st)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
