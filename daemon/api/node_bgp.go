@@ -58,7 +58,7 @@ func (s *Server) DetachNode(ctx context.Context, _ *lbdv1.DetachNodeRequest) (*l
 		return nil, unimplemented("DetachNode")
 	}
 	if err := s.opts.Datapath.Detach(ctx); err != nil {
-		return nil, status.Errorf(codes.Internal, "detach datapath: %v", err)
+		return nil, datapathError("detach datapath", err)
 	}
 	s.log.Info("datapath detached", "op", "detach-node")
 	return &lbdv1.DetachNodeResponse{Node: s.node()}, nil
@@ -71,10 +71,19 @@ func (s *Server) VerifyNode(ctx context.Context, _ *lbdv1.VerifyNodeRequest) (*l
 	}
 	drift, err := s.opts.Datapath.Verify(ctx)
 	if err != nil {
-		return nil, status.Errorf(codes.Internal, "verify datapath: %v", err)
+		return nil, datapathError("verify datapath", err)
 	}
 	s.log.Info("datapath verified", "op", "verify-node", "repaired", len(drift))
 	return &lbdv1.VerifyNodeResponse{Repaired: drift, Node: s.node()}, nil
+}
+
+// datapathError is INTERNAL, unless the datapath cannot answer yet (UNAVAILABLE: lbd is
+// still opening it), which the client may retry.
+func datapathError(what string, err error) error {
+	if status.Code(err) == codes.Unavailable {
+		return err
+	}
+	return status.Errorf(codes.Internal, "%s: %v", what, err)
 }
 
 // noSpeaker is the status of every peer while the node runs no BGP speaker.

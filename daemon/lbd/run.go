@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -24,17 +23,17 @@ import (
 	"github.com/lbd-dev/lbd/daemon/reconcile"
 	"github.com/lbd-dev/lbd/daemon/store"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/health"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/reflection"
 )
 
+// run starts lbd and serves until ctx ends. The API listens as soon as the state is
+// restored, before the datapath is open: at a restart with thousands of services the
+// desired state can be read and drained at once, while the pinned maps are adopted and
+// checked (the node is ready only once they hold the desired state).
 func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 	path := filepath.Join(cfg.StateDir, StateFileName)
 	reason := ""
 	socketLB := cfg.Datapath.SocketLB.Enabled
+	withDatapath := len(cfg.Roles) > 0 || socketLB
 	switch {
 	case socketLB:
 		// Services are programmed here too: socket-level load balancing reads the LB maps.
@@ -43,8 +42,14 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 	case !slices.Contains(cfg.Roles, config.RoleLB):
 		reason = "programmed on LB nodes; this node is a backend node"
 	}
-	// The budget of the services' tables is known once the datapath measured its other
-	// maps; until then (and on a node without a datapath) nothing is budgeted.
+	dcfg, err := datapathConfig(cfg)
+	if err != nil {
+		return err
+	}
+	// Only the LB maps hold tables: a backend node's services cost it nothing. Their
+	// budget is known once the datapath measured its other maps; until then a change
+	// that would add table memory waits.
+	budgeted := dcfg.LB || dcfg.SocketLB
 	var memory atomic.Pointer[store.MemoryBudget]
 	st, err := store.Open(store.Options{
 		Path:         path,
@@ -52,10 +57,13 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 		Logger:       log.Named("store"),
 		StatusReason: reason,
 		// A reconciler runs wherever a datapath does: IDs wait for it before reuse.
-		HoldIDs: len(cfg.Roles) > 0 || socketLB,
+		HoldIDs: withDatapath,
 		Memory: func() store.MemoryBudget {
 			if b := memory.Load(); b != nil {
 				return *b
+			}
+			if budgeted {
+				return store.MemoryBudget{Unknown: openingReason + ": the memory budget of the Maglev tables is known once its maps are"}
 			}
 			return store.MemoryBudget{}
 		},
@@ -70,12 +78,6 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 	svcs, bes := st.Counts()
 	log.Info("state restored", "op", "start", "path", path, "services", svcs, "backends", bes)
 
-	var mgr *datapath.Manager
-	var apiDP api.Datapath
-	dcfg, err := datapathConfig(cfg)
-	if err != nil {
-		return err
-	}
 	dcfg.OnPaths = func(paths map[netip.Addr]nexthop.Path) {
 		reach := make(map[netip.Addr]store.NodeReach, len(paths))
 		for a, p := range paths {
@@ -87,24 +89,7 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 	// its graceful-restart peers to keep our routes until we re-announce them.
 	_, statErr := os.Stat(filepath.Join(cfg.Datapath.BPFFSDir, "links"))
 	restarting := statErr == nil && len(cfg.Roles) > 0
-	if len(cfg.Roles) > 0 || socketLB {
-		if mgr, err = datapath.Open(dcfg, log.Named("datapath")); err != nil {
-			return fmt.Errorf("open datapath: %w", err)
-		}
-		// Closing keeps the pinned programs forwarding: a restart drops nothing.
-		defer mgr.Close()
-		apiDP = mgr
-		b, err := memoryBudget(cfg, mgr)
-		if err != nil {
-			return err
-		}
-		// Only the LB maps hold tables: a backend node's services cost it nothing.
-		if dcfg.LB || dcfg.SocketLB {
-			memory.Store(&b)
-		}
-		log.Info("memory budget", "op", "start", "total", b.Total, "maps", b.Total-b.Tables, "tables", b.Tables)
-	}
-	if mgr == nil {
+	if !withDatapath {
 		// Hooks a previous configuration attached must not keep translating.
 		err := datapath.DetachSocketLB(cfg.Datapath.BPFFSDir, log.Named("datapath"))
 		if errors.Is(err, os.ErrPermission) {
@@ -114,25 +99,28 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 			return fmt.Errorf("detach socket-level load balancing: %w", err)
 		}
 	}
+	dp := &openingDatapath{}
 	// ready is what gRPC health, /readyz and the BGP advertiser say of the node.
 	ready := func() (bool, string) {
-		if mgr == nil {
+		if !withDatapath {
 			return true, "no datapath: this lbd runs the control plane only"
 		}
-		return mgr.Ready()
+		return dp.Ready()
 	}
 	var met *metrics.Metrics
-	if mgr != nil {
-		met = metrics.New(func() (*lbdv1.GetStatsResponse, error) { return mgr.GetStats(ctx, nil) },
-			map[string]uint32{"conntrack": cfg.Datapath.ConntrackSize, "nat": cfg.Datapath.NATSize})
+	if withDatapath {
+		met = metrics.New(func() (*lbdv1.GetStatsResponse, error) {
+			if m := dp.m.Load(); m != nil {
+				return m.GetStats(ctx, nil)
+			}
+			return &lbdv1.GetStatsResponse{}, nil // no counters yet
+		}, map[string]uint32{"conntrack": cfg.Datapath.ConntrackSize, "nat": cfg.Datapath.NATSize})
+		met.AddDrift(dp.DriftCounts)
 	} else {
 		met = metrics.New(nil, nil)
 	}
 	met.AddStatus(func() []*lbdv1.Service { return st.ListServices("") })
 	met.SetReady(ready)
-	if mgr != nil {
-		met.AddDrift(mgr.DriftCounts)
-	}
 	if cfg.MetricsListen != "" {
 		go func() {
 			if err := met.Serve(ctx, cfg.MetricsListen, log.Named("metrics")); err != nil {
@@ -140,10 +128,18 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 			}
 		}()
 	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	var workers sync.WaitGroup
+	var mgr *datapath.Manager // once open
 	var adv *advertise.Controller
 	defer func() {
-		// A plain stop leaves graceful-restart sessions to the process exit (package
-		// advertise); a detached node stops advertising for good.
+		// Workers stop before the datapath's handles close. A plain stop leaves
+		// graceful-restart sessions to the process exit (package advertise); a detached
+		// node stops advertising for good. Closing keeps the pinned programs forwarding:
+		// a restart drops nothing.
+		cancel()
+		workers.Wait()
 		if adv != nil && (mgr == nil || !mgr.Attached()) {
 			wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer wcancel()
@@ -151,47 +147,10 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 				log.Error("withdraw BGP routes", "op", "bgp", "error", err)
 			}
 		}
-	}()
-	// Workers stop before the datapath handles close (defers run last-in first-out).
-	ctx, cancel := context.WithCancel(ctx)
-	var workers sync.WaitGroup
-	defer workers.Wait()
-	defer cancel()
-	if mgr != nil {
-		rec := reconcile.New(st, mgr, log.Named("reconcile"))
-		rec.Observe = met.ObserveReconcile
-		workers.Add(4)
-		go func() {
-			defer workers.Done()
-			if err := rec.Run(ctx); err != nil {
-				log.Error("reconciler stopped", "op", "reconcile", "error", err)
-			}
-		}()
-		go func() {
-			defer workers.Done()
-			mgr.RunGC(ctx, met.ObserveGC)
-		}()
-		go func() {
-			defer workers.Done()
-			mgr.RunVerify(ctx)
-		}()
-		go func() {
-			defer workers.Done()
-			if err := mgr.RunNextHops(ctx); err != nil {
-				log.Error("next-hop tracking stopped", "op", "nexthop", "error", err)
-			}
-		}()
-		// Nodes that choose backends (LB nodes, socket-level load balancing) probe them;
-		// each probes for itself and, seeing the same backends, converges on the same
-		// tables.
-		if dcfg.LB || dcfg.SocketLB {
-			workers.Add(1)
-			go func() {
-				defer workers.Done()
-				healthsync.Run(ctx, st, healthsync.Options{Logger: log.Named("health")})
-			}()
+		if mgr != nil {
+			mgr.Close()
 		}
-	}
+	}()
 
 	var apiBGP api.BGP
 	if cfg.BGP != nil {
@@ -199,7 +158,7 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 		// in line with the desired state.
 		attached := func() bool {
 			ok, _ := ready()
-			return mgr != nil && ok
+			return withDatapath && ok
 		}
 		if adv, err = advertise.New(*cfg.BGP, st, attached, restarting, log.Named("bgp")); err != nil {
 			return fmt.Errorf("bgp: %w", err)
@@ -215,69 +174,72 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 		}()
 	}
 
-	var opts []grpc.ServerOption
-	var tcpLn net.Listener
-	if cfg.API.TCP.Listen != "" {
-		tlsCfg, err := serverTLS(cfg.API.TCP)
-		if err != nil {
-			return err
-		}
-		if tcpLn, err = net.Listen("tcp", cfg.API.TCP.Listen); err != nil {
-			return fmt.Errorf("listen on %s: %w", cfg.API.TCP.Listen, err)
-		}
-		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
+	apiOpts := api.Options{Store: st, Logger: log.Named("api"), Version: Version, Roles: cfg.Roles, BGP: apiBGP,
+		MaxWatchers: cfg.API.MaxWatchers, WatchBacklog: cfg.WatchBacklogOrDefault()}
+	if withDatapath {
+		apiOpts.Datapath = dp
 	}
-	apiSrv := api.New(api.Options{Store: st, Logger: log.Named("api"), Version: Version, Roles: cfg.Roles, Datapath: apiDP, BGP: apiBGP,
-		MaxWatchers: cfg.API.MaxWatchers, WatchBacklog: cfg.WatchBacklogOrDefault()})
-	opts = append(opts, grpc.ChainStreamInterceptor(apiSrv.StreamInterceptor))
-	// The Unix socket needs no TLS: its 0600 mode restricts it to the daemon's user.
-	unixSrv := grpc.NewServer(grpc.ChainStreamInterceptor(apiSrv.StreamInterceptor))
-	tcpSrv := grpc.NewServer(opts...)
-	hs := health.NewServer()
-	for _, g := range []*grpc.Server{unixSrv, tcpSrv} {
-		apiSrv.Register(g)
-		healthpb.RegisterHealthServer(g, hs)
-		reflection.Register(g)
+	srv, err := startAPI(cfg.API, api.New(apiOpts), log)
+	if err != nil {
+		return err
 	}
+	defer srv.remove()
 	workers.Add(1)
 	go func() {
 		defer workers.Done()
-		serveHealth(ctx, hs, unixSrv, ready)
+		serveHealth(ctx, srv.health, srv.unix, ready)
 	}()
 
-	errc := make(chan error, 2)
-	if cfg.API.Socket != "" {
-		ln, err := listenUnix(cfg.API.Socket)
+	if withDatapath {
+		start := time.Now()
+		if mgr, err = datapath.Open(dcfg, log.Named("datapath")); err != nil {
+			srv.stop(0)
+			return fmt.Errorf("open datapath: %w", err)
+		}
+		b, err := memoryBudget(cfg, mgr)
 		if err != nil {
+			srv.stop(0)
 			return err
 		}
-		defer os.Remove(cfg.API.Socket)
-		go func() { errc <- unixSrv.Serve(ln) }()
-		log.Info("API listening", "op", "start", "socket", cfg.API.Socket)
+		if budgeted {
+			memory.Store(&b)
+		}
+		log.Info("memory budget", "op", "start", "total", b.Total, "maps", b.Total-b.Tables, "tables", b.Tables)
+		dp.set(mgr)
+		log.Info("datapath open", "op", "start", "took", time.Since(start))
+		startWorkers(ctx, &workers, st, mgr, met, dcfg.LB || dcfg.SocketLB, log)
 	}
-	if tcpLn != nil {
-		go func() { errc <- tcpSrv.Serve(tcpLn) }()
-		log.Info("API listening", "op", "start", "tcp", tcpLn.Addr().String(), "tls", "mutual")
-	}
+
 	select {
 	case <-ctx.Done():
-	case err := <-errc:
+	case err := <-srv.errc:
 		return fmt.Errorf("serve API: %w", err)
 	}
 	log.Info("shutting down", "op", "stop")
-	hs.Shutdown()
-	apiSrv.Shutdown()
-	done := make(chan struct{})
-	go func() {
-		unixSrv.GracefulStop()
-		tcpSrv.GracefulStop()
-		close(done)
-	}()
-	select {
-	case <-done:
-	case <-time.After(shutdownGrace):
-		unixSrv.Stop()
-		tcpSrv.Stop()
-	}
+	srv.stop(shutdownGrace)
 	return nil
+}
+
+// startWorkers starts what keeps the datapath in line with the desired state: the
+// reconciler, garbage collection, verification, next hops, and on nodes that choose
+// backends (LB nodes, socket-level load balancing) the health checks: each node probes
+// for itself and, seeing the same backends, converges on the same tables.
+func startWorkers(ctx context.Context, workers *sync.WaitGroup, st *store.Store, mgr *datapath.Manager, met *metrics.Metrics, probes bool, log hclog.Logger) {
+	rec := reconcile.New(st, mgr, log.Named("reconcile"))
+	rec.Observe = met.ObserveReconcile
+	workers.Go(func() {
+		if err := rec.Run(ctx); err != nil {
+			log.Error("reconciler stopped", "op", "reconcile", "error", err)
+		}
+	})
+	workers.Go(func() { mgr.RunGC(ctx, met.ObserveGC) })
+	workers.Go(func() { mgr.RunVerify(ctx) })
+	workers.Go(func() {
+		if err := mgr.RunNextHops(ctx); err != nil {
+			log.Error("next-hop tracking stopped", "op", "nexthop", "error", err)
+		}
+	})
+	if probes {
+		workers.Go(func() { healthsync.Run(ctx, st, healthsync.Options{Logger: log.Named("health")}) })
+	}
 }

@@ -12,13 +12,96 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+	"github.com/lbd-dev/lbd/daemon/api"
 	"github.com/lbd-dev/lbd/daemon/config"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
 )
 
 // The API's listeners: the Unix socket, the mutual-TLS TCP listener, gRPC health.
+
+// apiServers serve the API on the Unix socket and the optional TCP listener.
+type apiServers struct {
+	api    *api.Server
+	unix   *grpc.Server
+	tcp    *grpc.Server
+	health *health.Server
+	socket string
+	// errc receives a listener's error.
+	errc chan error
+}
+
+// startAPI listens and serves the API.
+func startAPI(c config.API, apiSrv *api.Server, log hclog.Logger) (*apiServers, error) {
+	s := &apiServers{api: apiSrv, health: health.NewServer(), errc: make(chan error, 2)}
+	var opts []grpc.ServerOption
+	var tcpLn net.Listener
+	if c.TCP.Listen != "" {
+		tlsCfg, err := serverTLS(c.TCP)
+		if err != nil {
+			return nil, err
+		}
+		if tcpLn, err = net.Listen("tcp", c.TCP.Listen); err != nil {
+			return nil, fmt.Errorf("listen on %s: %w", c.TCP.Listen, err)
+		}
+		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
+	}
+	opts = append(opts, grpc.ChainStreamInterceptor(apiSrv.StreamInterceptor))
+	// The Unix socket needs no TLS: its 0600 mode restricts it to the daemon's user.
+	s.unix = grpc.NewServer(grpc.ChainStreamInterceptor(apiSrv.StreamInterceptor))
+	s.tcp = grpc.NewServer(opts...)
+	for _, g := range []*grpc.Server{s.unix, s.tcp} {
+		apiSrv.Register(g)
+		healthpb.RegisterHealthServer(g, s.health)
+		reflection.Register(g)
+	}
+	if c.Socket != "" {
+		ln, err := listenUnix(c.Socket)
+		if err != nil {
+			if tcpLn != nil {
+				tcpLn.Close()
+			}
+			return nil, err
+		}
+		s.socket = c.Socket
+		go func() { s.errc <- s.unix.Serve(ln) }()
+		log.Info("API listening", "op", "start", "socket", c.Socket)
+	}
+	if tcpLn != nil {
+		go func() { s.errc <- s.tcp.Serve(tcpLn) }()
+		log.Info("API listening", "op", "start", "tcp", tcpLn.Addr().String(), "tls", "mutual")
+	}
+	return s, nil
+}
+
+// stop ends every stream, lets unary calls finish for up to grace, then stops.
+func (s *apiServers) stop(grace time.Duration) {
+	s.health.Shutdown()
+	s.api.Shutdown()
+	done := make(chan struct{})
+	go func() {
+		s.unix.GracefulStop()
+		s.tcp.GracefulStop()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(grace):
+		s.unix.Stop()
+		s.tcp.Stop()
+	}
+}
+
+// remove deletes the socket file.
+func (s *apiServers) remove() {
+	if s.socket != "" {
+		os.Remove(s.socket)
+	}
+}
 
 // listenUnix listens on a Unix socket created with mode 0600. A stale socket file from
 // a crashed daemon is replaced; a live one is an error.

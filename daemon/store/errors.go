@@ -44,6 +44,10 @@ func failedPrecondition(field, format string, args ...any) *Error {
 	return &Error{Code: codes.FailedPrecondition, Field: field, Msg: fmt.Sprintf(format, args...)}
 }
 
+func unavailable(format string, args ...any) *Error {
+	return &Error{Code: codes.Unavailable, Msg: fmt.Sprintf(format, args...)}
+}
+
 func resourceExhausted(format string, args ...any) *Error {
 	return &Error{Code: codes.ResourceExhausted, Msg: fmt.Sprintf(format, args...)}
 }

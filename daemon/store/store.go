@@ -88,6 +88,9 @@ type MemoryBudget struct {
 	Setting       string
 	// TableBytes is the kernel memory of one table of a size.
 	TableBytes func(size uint32) uint64
+	// Unknown, when set, says why the budget is not known yet: a change that would add
+	// table memory is refused with UNAVAILABLE and this reason; others go through.
+	Unknown string
 }
 
 // Store is the desired-state store. It is safe for concurrent use.

@@ -302,3 +302,40 @@ func TestApplySwapsFrontends(t *testing.T) {
 		}
 	}
 }
+
+// TestMemoryBudgetUnknown: while the budget is not known, a change that adds a table is
+// refused with UNAVAILABLE and the reason, and changes nothing; one that adds none (a
+// drain, a weight, a removal) goes through.
+func TestMemoryBudgetUnknown(t *testing.T) {
+	unknown := true
+	s, err := Open(Options{Limits: DefaultLimits(), Memory: func() MemoryBudget {
+		if unknown {
+			return MemoryBudget{Unknown: "the datapath is being opened"}
+		}
+		return MemoryBudget{}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	unknown = false
+	for _, svc := range []*lbdv1.Service{testService("a", "203.0.113.1", "198.18.0.1"), testService("b", "203.0.113.2", "198.18.0.1")} {
+		if _, err := s.CreateService(svc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	unknown = true
+	_, err = s.CreateService(testService("c", "203.0.113.3", "198.18.0.1"))
+	if Code(err).String() != "Unavailable" || !strings.Contains(err.Error(), "the datapath is being opened") {
+		t.Fatalf("a new service while the budget is unknown: %v, want UNAVAILABLE with the reason", err)
+	}
+	if n, _ := s.Counts(); n != 2 {
+		t.Fatalf("%d services after the refusal", n)
+	}
+	if _, err := s.UpdateBackendFields("a", &lbdv1.Backend{Address: "198.18.0.1", Port: 80, State: lbdv1.BackendState_BACKEND_STATE_DRAINING},
+		BackendUpdate{Fields: []string{"state"}}); err != nil {
+		t.Errorf("a drain while the budget is unknown: %v", err)
+	}
+	if err := s.DeleteService("b"); err != nil {
+		t.Errorf("a removal while the budget is unknown: %v", err)
+	}
+}

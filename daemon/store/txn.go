@@ -106,6 +106,14 @@ func (t *txn) checkMemory() error {
 		return nil
 	}
 	b := t.s.opts.Memory()
+	if b.Unknown != "" {
+		for _, n := range t.tables {
+			if n > 0 {
+				return unavailable("%s; try again in a moment", b.Unknown)
+			}
+		}
+		return nil
+	}
 	if b.TableBytes == nil {
 		return nil
 	}
