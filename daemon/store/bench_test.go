@@ -2,6 +2,8 @@ package store
 
 import (
 	"fmt"
+	"maps"
+	"net/netip"
 	"path/filepath"
 	"slices"
 	"syscall"
@@ -220,4 +222,48 @@ func BenchmarkListServices10k(b *testing.B) {
 			b.Fatalf("listed %d services", n)
 		}
 	}
+}
+
+// reachAll is every backend node of benchServices reachable, with reason.
+func reachAll(svcs []*lbdv1.Service, reason string) map[netip.Addr]NodeReach {
+	out := map[netip.Addr]NodeReach{}
+	for _, s := range svcs {
+		for _, b := range s.Backends {
+			out[netip.MustParseAddr(b.Address)] = NodeReach{Reachable: true, Reason: reason}
+		}
+	}
+	return out
+}
+
+// BenchmarkNodeReachabilityAt10k measures what the store does with the next-hop
+// tracker's report at 10,000 services × 10 backends over 2,500 backend nodes: one node
+// becoming unreachable (and reachable again: two calls an op), and the neighbour of
+// every node changing state while all stay reachable (churn: two calls an op), which
+// the tracker reports as new reasons for every path. events counts the events the
+// store emitted per call.
+func BenchmarkNodeReachabilityAt10k(b *testing.B) {
+	s, svcs := openBench(b, 10000)
+	var events int
+	_, _, stop := s.SnapshotAndListen(func(evs []Event) { events += len(evs) })
+	defer stop()
+	up, stale := reachAll(svcs, "via 198.19.255.2 dev eth0, neighbour REACHABLE (managed)"), reachAll(svcs, "via 198.19.255.2 dev eth0, neighbour STALE (managed)")
+	s.SetNodeReachability(up)
+	one := maps.Clone(up)
+	one[netip.MustParseAddr(svcs[0].Backends[0].Address)] = NodeReach{Reason: "next hop does not answer"}
+	b.Run("one-node", func(b *testing.B) {
+		events = 0
+		for b.Loop() {
+			s.SetNodeReachability(one)
+			s.SetNodeReachability(up)
+		}
+		b.ReportMetric(float64(events)/float64(2*b.N), "events/call")
+	})
+	b.Run("churn", func(b *testing.B) {
+		events = 0
+		for b.Loop() {
+			s.SetNodeReachability(stale)
+			s.SetNodeReachability(up)
+		}
+		b.ReportMetric(float64(events)/float64(2*b.N), "events/call")
+	})
 }

@@ -199,54 +199,99 @@ func (s *Store) nodeReach(b *lbdv1.Backend) (NodeReach, bool) {
 	if len(s.nodes) == 0 {
 		return NodeReach{}, false
 	}
-	a, err := netip.ParseAddr(b.NodeAddress)
-	if err != nil {
+	a, ok := nodeOf(b)
+	if !ok {
 		return NodeReach{}, false
 	}
-	r, ok := s.nodes[a.Unmap()]
+	r, ok := s.nodes[a]
 	return r, ok
 }
 
 // SetNodeReachability records which backend nodes this node reaches (replacing what it
 // held). A backend whose node is unreachable takes no new flows here: services whose
-// usable backends change are sent to the reconciler, the others get a status update.
+// usable backends change are sent to the reconciler, those whose status only reads
+// differently get a status update, and the others (a reachable node's next hop that
+// changed its neighbour state, say) nothing. The work is that of the nodes reported and
+// of the services they touch.
 func (s *Store) SetNodeReachability(nodes map[netip.Addr]NodeReach) {
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
 	s.mu.Lock()
 	old := s.nodes
 	s.nodes = maps.Clone(nodes)
+	// What a service shows of a node: whether it is known, reachable, and why not.
+	shown := func(r NodeReach, ok bool) NodeReach {
+		if !ok || r.Reachable {
+			return NodeReach{Reachable: ok}
+		}
+		return r
+	}
+	affected := map[string]bool{}
+	usability := map[string]bool{}
+	note := func(a netip.Addr) {
+		o, hadOld := old[a]
+		n, hasNew := nodes[a]
+		if shown(o, hadOld) == shown(n, hasNew) {
+			return
+		}
+		use := (hadOld && !o.Reachable) != (hasNew && !n.Reachable)
+		for name := range s.byNode[a] {
+			affected[name] = true
+			usability[name] = usability[name] || use
+		}
+	}
+	for a := range nodes {
+		note(a)
+	}
+	for a := range old {
+		if _, ok := nodes[a]; !ok {
+			note(a)
+		}
+	}
+	if len(affected) == 0 {
+		s.mu.Unlock()
+		return
+	}
 	s.seq++
 	var events []Event
-	for _, name := range s.names {
-		svc := s.services[name]
-		changed, usability := false, false
-		for _, b := range svc.Backends {
-			a, err := netip.ParseAddr(b.NodeAddress)
-			if err != nil {
-				continue
-			}
-			o, hadOld := old[a.Unmap()]
-			n, hasNew := nodes[a.Unmap()]
-			if hadOld != hasNew || o != n {
-				changed = true
-				if (hadOld && !o.Reachable) != (hasNew && !n.Reachable) {
-					usability = true
-				}
-			}
-		}
-		if !changed {
-			continue
-		}
+	for _, name := range slices.Sorted(maps.Keys(affected)) {
 		rt := s.runtime(name)
 		rt.updated = time.Now()
-		if usability {
+		if usability[name] {
 			rt.wantSeq = s.seq
 		}
-		events = append(events, Event{Type: Modified, Name: name, Service: s.withStatus(svc), StatusOnly: !usability, Seq: s.seq})
+		events = append(events, Event{Type: Modified, Name: name, Service: s.withStatus(s.services[name]), StatusOnly: !usability[name], Seq: s.seq})
 	}
 	s.mu.Unlock()
 	s.notify(events)
+}
+
+// nodeOf is the address of a backend's node, as the next-hop tracker keys it.
+func nodeOf(b *lbdv1.Backend) (netip.Addr, bool) {
+	a, err := netip.ParseAddr(b.NodeAddress)
+	return a.Unmap(), err == nil
+}
+
+// indexNodes adds (n = 1) or removes (n = -1) the backends of svc in the index of the
+// services behind each node. Caller holds mu.
+func (s *Store) indexNodes(svc *lbdv1.Service, n int) {
+	for _, b := range svc.Backends {
+		a, ok := nodeOf(b)
+		if !ok {
+			continue
+		}
+		names := s.byNode[a]
+		if names == nil {
+			names = map[string]int{}
+			s.byNode[a] = names
+		}
+		if names[svc.Name] += n; names[svc.Name] <= 0 {
+			delete(names, svc.Name)
+			if len(names) == 0 {
+				delete(s.byNode, a)
+			}
+		}
+	}
 }
 
 // SetBackendHealth records the health of a backend (by ID) of a service. The health

@@ -112,13 +112,16 @@ type Store struct {
 	drained   bool
 	// backends counts the backends of all services, tables the services per Maglev
 	// table size, so that limits are checked without walking every service.
-	backends  int
-	tables    map[uint32]int
-	svcIDs    idAlloc
-	beIDs     idAlloc
-	status    map[string]*serviceRuntime
-	nodes     map[netip.Addr]NodeReach // what this LB node knows of each backend node's reachability
-	seq       uint64                   // Seq of the last batch of events
+	backends int
+	tables   map[uint32]int
+	svcIDs   idAlloc
+	beIDs    idAlloc
+	status   map[string]*serviceRuntime
+	nodes    map[netip.Addr]NodeReach // what this LB node knows of each backend node's reachability
+	// byNode holds, for each backend node, the services with backends on it (and how
+	// many), so that a node's change touches only those.
+	byNode    map[netip.Addr]map[string]int
+	seq       uint64 // Seq of the last batch of events
 	listeners map[int]Listener
 	nextLID   int
 }
@@ -156,6 +159,7 @@ func Open(opts Options) (*Store, error) {
 		frontends: map[frontendKey]string{},
 		peers:     map[string]*lbdv1.BgpPeer{},
 		tables:    map[uint32]int{},
+		byNode:    map[netip.Addr]map[string]int{},
 		status:    map[string]*serviceRuntime{},
 		listeners: map[int]Listener{},
 	}
@@ -269,6 +273,7 @@ func (s *Store) restore(st *statev1.State) error {
 		s.services[svc.Name] = svc
 		s.frontends[fk] = svc.Name
 		s.names = append(s.names, svc.Name)
+		s.indexNodes(svc, 1)
 		s.backends += len(svc.Backends)
 		s.tables[svc.MaglevTableSize]++
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -337,5 +338,50 @@ func TestMemoryBudgetUnknown(t *testing.T) {
 	}
 	if err := s.DeleteService("b"); err != nil {
 		t.Errorf("a removal while the budget is unknown: %v", err)
+	}
+}
+
+// TestNodeReachabilityEvents: a node's report reaches only the services behind that
+// node, as a datapath change when their usable backends change and as a status change
+// when only the reason of an unreachable node changes; a reachable node's new reason
+// (its next hop's neighbour state) shows nowhere and changes nothing.
+func TestNodeReachabilityEvents(t *testing.T) {
+	s := open(t, filepath.Join(t.TempDir(), "state.pb"))
+	for _, svc := range []*lbdv1.Service{
+		testService("a", "203.0.113.1", "198.18.0.1", "198.18.0.2"),
+		testService("b", "203.0.113.2", "198.18.0.2"),
+		testService("c", "203.0.113.3", "198.18.0.3"),
+	} {
+		if _, err := s.CreateService(svc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []string
+	_, _, stop := s.SnapshotAndListen(func(evs []Event) {
+		for _, ev := range evs {
+			got = append(got, fmt.Sprintf("%s statusOnly=%v", ev.Name, ev.StatusOnly))
+		}
+	})
+	defer stop()
+	n1, n2, n3 := netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("198.18.0.2"), netip.MustParseAddr("198.18.0.3")
+	up := func(why string) NodeReach { return NodeReach{Reachable: true, Reason: why} }
+	for _, step := range []struct {
+		nodes map[netip.Addr]NodeReach
+		want  string
+	}{
+		{map[netip.Addr]NodeReach{n1: up("REACHABLE"), n2: up("REACHABLE"), n3: up("REACHABLE")}, "[a statusOnly=true b statusOnly=true c statusOnly=true]"},
+		{map[netip.Addr]NodeReach{n1: up("STALE"), n2: up("DELAY"), n3: up("REACHABLE")}, "[]"},
+		{map[netip.Addr]NodeReach{n1: up("STALE"), n2: {Reason: "FAILED"}, n3: up("REACHABLE")}, "[a statusOnly=false b statusOnly=false]"},
+		{map[netip.Addr]NodeReach{n1: up("STALE"), n2: {Reason: "no route"}, n3: up("PROBE")}, "[a statusOnly=true b statusOnly=true]"},
+		{map[netip.Addr]NodeReach{n1: up("STALE"), n2: {Reason: "no route"}}, "[c statusOnly=true]"},
+	} {
+		got = nil
+		s.SetNodeReachability(step.nodes)
+		if fmt.Sprint(got) != step.want {
+			t.Errorf("after %v: events %v, want %s", step.nodes, got, step.want)
+		}
+	}
+	if svc, _ := s.GetService("b"); svc.Backends[0].NodeReachability != lbdv1.Reachability_REACHABILITY_UNREACHABLE {
+		t.Errorf("b's backend: %v", svc.Backends[0])
 	}
 }

@@ -209,7 +209,10 @@ func (t *txn) publish() {
 	var added []string
 	removed := map[string]bool{}
 	for name, svc := range t.svcs {
-		_, existed := s.services[name]
+		old, existed := s.services[name]
+		if existed {
+			s.indexNodes(old, -1)
+		}
 		switch {
 		case svc == nil && existed:
 			delete(s.services, name)
@@ -219,6 +222,7 @@ func (t *txn) publish() {
 				added = append(added, name)
 			}
 			s.services[name] = svc
+			s.indexNodes(svc, 1)
 		}
 	}
 	if len(added) > 0 || len(removed) > 0 {
