@@ -86,8 +86,9 @@ type MemoryBudget struct {
 	// for the error.
 	Tables, Total uint64
 	Setting       string
-	// TableBytes is the kernel memory of one table of a size.
-	TableBytes func(size uint32) uint64
+	// TableBytes is the kernel memory of a service's table. It must not change once
+	// given: the store keeps the total up to date change by change.
+	TableBytes func(svc *lbdv1.Service) uint64
 	// Unknown, when set, says why the budget is not known yet: a change that would add
 	// table memory is refused with UNAVAILABLE and this reason; others go through.
 	Unknown string
@@ -110,14 +111,16 @@ type Store struct {
 	frontends map[frontendKey]string
 	peers     map[string]*lbdv1.BgpPeer
 	drained   bool
-	// backends counts the backends of all services, tables the services per Maglev
-	// table size, so that limits are checked without walking every service.
-	backends int
-	tables   map[uint32]int
-	svcIDs   idAlloc
-	beIDs    idAlloc
-	status   map[string]*serviceRuntime
-	nodes    map[netip.Addr]NodeReach // what this LB node knows of each backend node's reachability
+	// backends counts the backends of all services, and tableBytes the kernel memory of
+	// their tables as MemoryBudget.TableBytes gives it (once tableBytesKnown), so that
+	// limits are checked without walking every service.
+	backends        int
+	tableBytes      uint64
+	tableBytesKnown bool
+	svcIDs          idAlloc
+	beIDs           idAlloc
+	status          map[string]*serviceRuntime
+	nodes           map[netip.Addr]NodeReach // what this LB node knows of each backend node's reachability
 	// byNode holds, for each backend node, the services with backends on it (and how
 	// many), so that a node's change touches only those.
 	byNode    map[netip.Addr]map[string]int
@@ -158,7 +161,6 @@ func Open(opts Options) (*Store, error) {
 		services:  map[string]*lbdv1.Service{},
 		frontends: map[frontendKey]string{},
 		peers:     map[string]*lbdv1.BgpPeer{},
-		tables:    map[uint32]int{},
 		byNode:    map[netip.Addr]map[string]int{},
 		status:    map[string]*serviceRuntime{},
 		listeners: map[int]Listener{},
@@ -275,7 +277,6 @@ func (s *Store) restore(st *statev1.State) error {
 		s.names = append(s.names, svc.Name)
 		s.indexNodes(svc, 1)
 		s.backends += len(svc.Backends)
-		s.tables[svc.MaglevTableSize]++
 	}
 	slices.Sort(s.names)
 	for i, in := range st.BgpPeers {

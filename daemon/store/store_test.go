@@ -243,9 +243,10 @@ func TestIDAllocHolds(t *testing.T) {
 // TestMemoryBudget: a change whose services' tables would not fit the budget is refused
 // with RESOURCE_EXHAUSTED and changes nothing; the budget itself can be used up.
 func TestMemoryBudget(t *testing.T) {
-	perTable := func(m uint32) uint64 { return 8 * (2*uint64(m) + 1) }
+	perSize := func(m uint32) uint64 { return 8 * (2*uint64(m) + 1) }
+	perTable := func(svc *lbdv1.Service) uint64 { return perSize(svc.MaglevTableSize) }
 	s, err := Open(Options{Limits: DefaultLimits(), Memory: func() MemoryBudget {
-		return MemoryBudget{Tables: 3 * perTable(65537), Total: 1 << 30, Setting: "datapath.memory_budget", TableBytes: perTable}
+		return MemoryBudget{Tables: 3 * perSize(65537), Total: 1 << 30, Setting: "datapath.memory_budget", TableBytes: perTable}
 	}})
 	if err != nil {
 		t.Fatal(err)
@@ -308,10 +309,14 @@ func TestApplySwapsFrontends(t *testing.T) {
 // refused with UNAVAILABLE and the reason, and changes nothing; one that adds none (a
 // drain, a weight, a removal) goes through.
 func TestMemoryBudgetUnknown(t *testing.T) {
-	unknown := true
+	unknown, known := true, false
 	s, err := Open(Options{Limits: DefaultLimits(), Memory: func() MemoryBudget {
-		if unknown {
+		switch {
+		case unknown:
 			return MemoryBudget{Unknown: "the datapath is being opened"}
+		case known:
+			// Room for two tables of 1 KiB.
+			return MemoryBudget{Tables: 2048, TableBytes: func(*lbdv1.Service) uint64 { return 1024 }}
 		}
 		return MemoryBudget{}
 	}})
@@ -338,6 +343,14 @@ func TestMemoryBudgetUnknown(t *testing.T) {
 	}
 	if err := s.DeleteService("b"); err != nil {
 		t.Errorf("a removal while the budget is unknown: %v", err)
+	}
+	// Once known, the budget counts the tables of the services created before.
+	unknown, known = false, true
+	if _, err := s.CreateService(testService("c", "203.0.113.3", "198.18.0.1")); err != nil {
+		t.Fatalf("a second table in a budget of two: %v", err)
+	}
+	if _, err := s.CreateService(testService("d", "203.0.113.4", "198.18.0.1")); Code(err).String() != "ResourceExhausted" {
+		t.Fatalf("a third table in a budget of two: %v, want RESOURCE_EXHAUSTED", err)
 	}
 }
 

@@ -25,13 +25,14 @@ type txn struct {
 	// peers are all peers (a few dozen at most), copied.
 	peers   map[string]*lbdv1.BgpPeer
 	drained bool
-	// nsvc and nbe count the services and backends after the transaction; tables the
-	// change of the number of services per Maglev table size.
-	nsvc, nbe int
-	tables    map[uint32]int
-	svcIDs    idTxn
-	beIDs     idTxn
-	events    []Event
+	// nsvc and nbe count the services and backends after the transaction; tableBytes
+	// the memory of the tables, when tableBytesKnown (checkMemory).
+	nsvc, nbe       int
+	tableBytes      uint64
+	tableBytesKnown bool
+	svcIDs          idTxn
+	beIDs           idTxn
+	events          []Event
 }
 
 func (s *Store) begin() *txn {
@@ -44,7 +45,6 @@ func (s *Store) begin() *txn {
 		drained: s.drained,
 		nsvc:    len(s.services),
 		nbe:     s.backends,
-		tables:  map[uint32]int{},
 		svcIDs:  s.svcIDs.begin(),
 		beIDs:   s.beIDs.begin(),
 	}
@@ -72,12 +72,10 @@ func (t *txn) setService(name string, svc *lbdv1.Service) {
 	if old := t.service(name); old != nil {
 		t.nsvc--
 		t.nbe -= len(old.Backends)
-		t.tables[old.MaglevTableSize]--
 	}
 	if svc != nil {
 		t.nsvc++
 		t.nbe += len(svc.Backends)
-		t.tables[svc.MaglevTableSize]++
 	}
 	t.svcs[name] = svc
 }
@@ -100,38 +98,64 @@ func (t *txn) checkBackendTotal() error {
 
 // checkMemory enforces Options.Memory over all services of the transaction. Every
 // service counts with its table, even one without a usable backend yet: it gets one as
-// soon as a backend becomes usable, with no API call to refuse.
+// soon as a backend becomes usable, with no API call to refuse. The total is kept
+// change by change; it is added up once, when the budget is first known.
 func (t *txn) checkMemory() error {
-	if t.s.opts.Memory == nil {
-		return nil
+	s := t.s
+	var b MemoryBudget
+	if s.opts.Memory != nil {
+		b = s.opts.Memory()
 	}
-	b := t.s.opts.Memory()
 	if b.Unknown != "" {
-		for _, n := range t.tables {
-			if n > 0 {
+		for name, svc := range t.svcs {
+			if grows(s.services[name], svc) {
 				return unavailable("%s; try again in a moment", b.Unknown)
 			}
 		}
+	}
+	if b.Unknown != "" || b.TableBytes == nil {
 		return nil
 	}
-	if b.TableBytes == nil {
-		return nil
-	}
-	var need uint64
-	for size, n := range t.s.tables {
-		n += t.tables[size]
-		need += uint64(n) * b.TableBytes(size)
-	}
-	for size, n := range t.tables {
-		if _, seen := t.s.tables[size]; !seen {
-			need += uint64(n) * b.TableBytes(size)
+	total := s.tableBytes
+	if !s.tableBytesKnown {
+		total = 0
+		for _, svc := range s.services {
+			total += b.TableBytes(svc)
 		}
 	}
-	if need > b.Tables {
-		return resourceExhausted("the Maglev tables of %d services would take %s of kernel memory, more than the %s that %s (%s) leaves for them once the other maps are counted",
-			t.nsvc, humanBytes(need), humanBytes(b.Tables), b.Setting, humanBytes(b.Total))
+	for name, svc := range t.svcs {
+		if old := s.services[name]; old != nil {
+			total -= b.TableBytes(old)
+		}
+		if svc != nil {
+			total += b.TableBytes(svc)
+		}
 	}
+	if total > b.Tables {
+		return resourceExhausted("the Maglev tables of %d services would take %s of kernel memory, more than the %s that %s (%s) leaves for them once the other maps are counted",
+			t.nsvc, humanBytes(total), humanBytes(b.Tables), b.Setting, humanBytes(b.Total))
+	}
+	t.tableBytes, t.tableBytesKnown = total, true
 	return nil
+}
+
+// grows reports whether a change from old to svc (nil: none) could make the tables take
+// more memory, whatever their sizing: a new service, or one with more backends, a
+// higher total weight or another table size.
+func grows(old, svc *lbdv1.Service) bool {
+	switch {
+	case svc == nil:
+		return false
+	case old == nil:
+		return true
+	}
+	weights := func(s *lbdv1.Service) (w uint64) {
+		for _, b := range s.Backends {
+			w += uint64(b.Weight)
+		}
+		return w
+	}
+	return len(svc.Backends) > len(old.Backends) || svc.MaglevTableSize != old.MaglevTableSize || weights(svc) > weights(old)
 }
 
 // humanBytes writes a byte count in binary units.
@@ -236,11 +260,7 @@ func (t *txn) publish() {
 			s.frontends[fk] = name
 		}
 	}
-	for size, n := range t.tables {
-		if s.tables[size] += n; s.tables[size] == 0 {
-			delete(s.tables, size)
-		}
-	}
+	s.tableBytes, s.tableBytesKnown = t.tableBytes, t.tableBytesKnown
 	s.backends = t.nbe
 	s.peers, s.drained = t.peers, t.drained
 }
