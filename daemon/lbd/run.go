@@ -165,13 +165,24 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 		}
 		apiBGP = adv // only when non-nil: a nil *Controller in the interface is not nil
 		met.AddBGP(adv.Metrics)
-		workers.Add(1)
-		go func() {
-			defer workers.Done()
+	}
+	// The speaker starts once the datapath is open (at once without one). Started
+	// earlier, a session that comes up while the pinned maps are still being adopted
+	// would end a graceful restart with no route (nothing is ready to advertise yet):
+	// the peers would drop this node's stale routes and move its flows to the other LB
+	// nodes in the middle of the restart.
+	startBGP := func() {
+		if adv == nil {
+			return
+		}
+		workers.Go(func() {
 			if err := adv.Run(ctx); err != nil {
 				log.Error("BGP advertisement stopped", "op", "bgp", "error", err)
 			}
-		}()
+		})
+	}
+	if !withDatapath {
+		startBGP()
 	}
 
 	apiOpts := api.Options{Store: st, Logger: log.Named("api"), Version: Version, Roles: cfg.Roles, BGP: apiBGP,
@@ -208,6 +219,7 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 		dp.set(mgr)
 		log.Info("datapath open", "op", "start", "took", time.Since(start))
 		startWorkers(ctx, &workers, st, mgr, met, dcfg.LB || dcfg.SocketLB, log)
+		startBGP()
 	}
 
 	select {
