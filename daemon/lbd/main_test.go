@@ -127,7 +127,14 @@ type proc struct {
 // if it is still running.
 func spawn(t *testing.T, args ...string) *proc {
 	t.Helper()
-	p := &proc{cmd: exec.Command(lbdBin, args...), stderr: &syncBuffer{}, done: make(chan struct{})}
+	return spawnCmd(t, exec.Command(lbdBin, args...))
+}
+
+// spawnCmd starts cmd, which runs lbd (directly, or through nsenter, which execs it), as
+// spawn does.
+func spawnCmd(t *testing.T, cmd *exec.Cmd) *proc {
+	t.Helper()
+	p := &proc{cmd: cmd, stderr: &syncBuffer{}, done: make(chan struct{})}
 	p.cmd.Stdout = p.stderr
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/lbd-dev/lbd/daemon/metrics"
 	"github.com/lbd-dev/lbd/daemon/nexthop"
 	"github.com/lbd-dev/lbd/daemon/reconcile"
+	"github.com/lbd-dev/lbd/daemon/sdnotify"
 	"github.com/lbd-dev/lbd/daemon/store"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 )
@@ -30,6 +31,11 @@ import (
 // desired state can be read and drained at once, while the pinned maps are adopted and
 // checked (the node is ready only once they hold the desired state).
 func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
+	notifier, err := sdnotify.New(log.Named("systemd"))
+	if err != nil {
+		return err
+	}
+	stopped := &stoppedLoops{} // loops that ended before shutdown: the watchdog goes unfed
 	path := filepath.Join(cfg.StateDir, StateFileName)
 	reason := ""
 	socketLB := cfg.Datapath.SocketLB.Enabled
@@ -178,6 +184,7 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 		workers.Go(func() {
 			if err := adv.Run(ctx); err != nil {
 				log.Error("BGP advertisement stopped", "op", "bgp", "error", err)
+				stopped.add("BGP advertisement", err)
 			}
 		})
 	}
@@ -200,6 +207,7 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 		defer workers.Done()
 		serveHealth(ctx, srv.health, srv.unix, ready)
 	}()
+	workers.Go(func() { notifySystemd(ctx, notifier, log.Named("systemd"), ready, st, stopped, cfg.API.Socket) })
 
 	if withDatapath {
 		start := time.Now()
@@ -218,7 +226,7 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 		log.Info("memory budget", "op", "start", "total", b.Total, "maps", b.Total-b.Tables, "tables", b.Tables)
 		dp.set(mgr)
 		log.Info("datapath open", "op", "start", "took", time.Since(start))
-		startWorkers(ctx, &workers, st, mgr, met, dcfg.LB || dcfg.SocketLB, log)
+		startWorkers(ctx, &workers, st, mgr, met, dcfg.LB || dcfg.SocketLB, stopped, log)
 		startBGP()
 	}
 
@@ -236,12 +244,13 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 // reconciler, garbage collection, verification, next hops, and on nodes that choose
 // backends (LB nodes, socket-level load balancing) the health checks: each node probes
 // for itself and, seeing the same backends, converges on the same tables.
-func startWorkers(ctx context.Context, workers *sync.WaitGroup, st *store.Store, mgr *datapath.Manager, met *metrics.Metrics, probes bool, log hclog.Logger) {
+func startWorkers(ctx context.Context, workers *sync.WaitGroup, st *store.Store, mgr *datapath.Manager, met *metrics.Metrics, probes bool, stopped *stoppedLoops, log hclog.Logger) {
 	rec := reconcile.New(st, mgr, log.Named("reconcile"))
 	rec.Observe = met.ObserveReconcile
 	workers.Go(func() {
 		if err := rec.Run(ctx); err != nil {
 			log.Error("reconciler stopped", "op", "reconcile", "error", err)
+			stopped.add("reconciler", err)
 		}
 	})
 	workers.Go(func() { mgr.RunGC(ctx, met.ObserveGC) })
@@ -249,6 +258,7 @@ func startWorkers(ctx context.Context, workers *sync.WaitGroup, st *store.Store,
 	workers.Go(func() {
 		if err := mgr.RunNextHops(ctx); err != nil {
 			log.Error("next-hop tracking stopped", "op", "nexthop", "error", err)
+			stopped.add("next-hop tracking", err)
 		}
 	})
 	if probes {
