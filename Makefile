@@ -9,7 +9,7 @@ BENCHSTAT := go run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6
 VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -X github.com/lbd-dev/lbd/daemon/lbd.Version=$(VERSION) -X github.com/lbd-dev/lbd/lbctl.Version=$(VERSION)
 DEBIAN_PACKAGES := clang llvm libbpf-dev bpftool iproute2 ethtool tshark tcpdump bird2 frr \
-	nftables iperf3 netcat-openbsd iputils-ping curl git make python3 systemd
+	nftables iperf3 netcat-openbsd iputils-ping curl git make python3 systemd strace
 
 .PHONY: help deps build k8s-testbin docs check-docs generate check-generated test integration bench demo demo-down lint check clean
 
