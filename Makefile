@@ -8,10 +8,17 @@ STATICCHECK := go run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BENCHSTAT := go run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
 VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -X github.com/lbd-dev/lbd/daemon/lbd.Version=$(VERSION) -X github.com/lbd-dev/lbd/lbctl.Version=$(VERSION)
+# Release tools, built from the Go module proxy at these versions into a cache that
+# survives between runs (make release-tools); the tests find them through these variables.
+TOOLS_DIR ?= $(HOME)/.cache/lbd/tools
+HELM_VERSION := v3.22.0
+GORELEASER_VERSION := v2.15.1
+export HELM := $(TOOLS_DIR)/helm-$(HELM_VERSION)/helm
+export GORELEASER := $(TOOLS_DIR)/goreleaser-$(GORELEASER_VERSION)/goreleaser
 DEBIAN_PACKAGES := clang llvm libbpf-dev bpftool iproute2 ethtool tshark tcpdump bird2 frr \
-	nftables iperf3 netcat-openbsd iputils-ping curl git make python3 systemd strace
+	nftables iperf3 netcat-openbsd iputils-ping curl git make python3 systemd strace man-db
 
-.PHONY: help deps build k8s-testbin docs check-docs generate check-generated test integration bench demo demo-down lint check clean
+.PHONY: help deps build release-tools package check-package k8s-testbin docs check-docs generate check-generated test integration bench demo demo-down lint check clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -29,6 +36,20 @@ build: ## build bin/lbd, bin/lbctl and bin/lbd-k8s-adapter
 	go build -ldflags "$(LDFLAGS)" -o bin/lbd ./cmd/lbd
 	go build -ldflags "$(LDFLAGS)" -o bin/lbctl ./cmd/lbctl
 	go build -ldflags "$(LDFLAGS)" -o bin/lbd-k8s-adapter ./cmd/lbd-k8s-adapter
+
+release-tools: $(HELM) $(GORELEASER) ## build helm and goreleaser (cached in ~/.cache/lbd/tools)
+
+$(HELM):
+	GOBIN=$(dir $@) go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+
+$(GORELEASER):
+	GOBIN=$(dir $@) go install github.com/goreleaser/goreleaser/v2@$(GORELEASER_VERSION)
+
+package: $(GORELEASER) ## build the release (binaries, tarballs, .deb packages) as a snapshot into dist/
+	$(GORELEASER) release --snapshot --clean
+
+check-package: $(GORELEASER) ## build the .deb packages for this machine and check them installed in a throwaway root
+	go test -count=1 -v -timeout 30m ./examples/packaging/...
 
 k8s-testbin: ## build kube-apiserver, etcd and kubectl for the adapter's and manifests' tests (cached in ~/.cache/lbd)
 	cmd/lbd-k8s-adapter/testbin/build.sh
@@ -61,7 +82,7 @@ lint: ## gofmt, go vet, staticcheck, buf lint and buf breaking against main
 # the BGP packages run without the race detector.
 NORACE_PKGS := ./daemon/bgp/... ./daemon/advertise/...
 test: ## unit, BPF and in-process tests (privileged ones skip unless root)
-	go test -race -count=1 $$(go list ./... | grep -v -e /daemon/bgp -e /daemon/advertise -e /integration)
+	go test -race -count=1 $$(go list ./... | grep -v -e /daemon/bgp -e /daemon/advertise -e /integration -e /examples/packaging)
 	go test -count=1 $(NORACE_PKGS)
 
 integration: build ## end-to-end tests in network namespaces (root)
@@ -71,7 +92,7 @@ bench: build ## benchmarks, 5 runs each, summarized by benchstat
 	LBD_BIN_DIR=$(CURDIR)/bin go test -run '^$$' -bench . -benchmem -count 5 -timeout 60m ./... | tee bench.txt
 	$(BENCHSTAT) bench.txt
 
-check: deps check-generated check-docs lint k8s-testbin test integration ## everything CI runs: the README's test command
+check: deps check-generated check-docs lint k8s-testbin release-tools test integration check-package ## everything CI runs: the README's test command
 
 demo: deps build ## install what is needed; build; LB and backend nodes in namespaces with traffic
 	./examples/demo-netns.sh up

@@ -175,6 +175,10 @@ func TestSystemdUnits(t *testing.T) {
 				if f, ok := hostFiles[a]; ok {
 					args[i+1] = f
 				}
+				// A backend node's file is the package's default (an LB node's has BGP).
+				if a == "/etc/lbd/lbd.yaml" && name == "lbd-backend.service" {
+					args[i+1] = path("examples", "packaging", "lbd.yaml")
+				}
 			}
 			runExecStart(t, bin, args[1:])
 			verifyUnit(t, file)
