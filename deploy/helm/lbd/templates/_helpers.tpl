@@ -1,0 +1,43 @@
+{{/* The image of lbd, lbctl and the adapter. */}}
+{{- define "lbd.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{/* Labels every object carries. */}}
+{{- define "lbd.labels" -}}
+app.kubernetes.io/name: lbd
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* lbd's configuration for a role: the values' config under what the chart decides. */}}
+{{- define "lbd.config" -}}
+{{- $fixed := dict "state_dir" "/var/lib/lbd" "api" (dict "socket" "/run/lbd/lbd.sock") "roles" (list .role) "metrics_listen" (printf "127.0.0.1:%d" (int .root.Values.metricsPort)) -}}
+{{- toYaml (mergeOverwrite (deepCopy .config) $fixed) -}}
+{{- end -}}
+
+{{/* The lbd container of a DaemonSet, with its probes. */}}
+{{- define "lbd.container" -}}
+- name: lbd
+  image: {{ include "lbd.image" .root }}
+  imagePullPolicy: {{ .root.Values.image.pullPolicy }}
+  command: [/usr/local/bin/lbd, --config, /etc/lbd/lbd.yaml]
+  securityContext:
+    privileged: true
+  readinessProbe:
+    httpGet: {host: 127.0.0.1, port: {{ .root.Values.metricsPort }}, path: /readyz}
+    {{- toYaml .root.Values.probes.readiness | nindent 4 }}
+  livenessProbe:
+    httpGet: {host: 127.0.0.1, port: {{ .root.Values.metricsPort }}, path: /healthz}
+    {{- toYaml .root.Values.probes.liveness | nindent 4 }}
+  {{- with .resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  volumeMounts:
+    - {name: config, mountPath: /etc/lbd, readOnly: true}
+    - {name: run, mountPath: /run/lbd}
+    - {name: state, mountPath: /var/lib/lbd}
+    - {name: bpffs, mountPath: /sys/fs/bpf}
+{{- end -}}
