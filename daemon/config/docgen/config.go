@@ -186,6 +186,7 @@ func configReference(root string) ([]byte, error) {
 			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", r[0], r[1], r[2], r[3])
 		}
 	}
+	b.WriteString(flagsReference())
 	return b.Bytes(), nil
 }
 
