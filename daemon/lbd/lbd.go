@@ -80,4 +80,3 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	return 0
 }
-
