@@ -47,9 +47,11 @@ type Taken struct {
 }
 
 // Merge combines the translations into the set to apply. When two Services claim the same
-// frontend the older one keeps it (then the smaller key), as the first claimant would in a
-// cluster; the other gets a problem. Frontends and names held by other owners are left out
-// with a problem too. It returns the services sorted by name and the problems per key.
+// frontend, an ingress IP wins over an external IP (so spec.externalIPs cannot take an
+// allocated VIP away), then the older Service keeps it (then the smaller key), as the
+// first claimant would in a cluster; the other gets a problem. Frontends and names held by
+// other owners are left out with a problem too. It returns the services sorted by name
+// and the problems per key.
 func Merge(items []Item, taken Taken) ([]*lbdv1.Service, map[string][]Problem) {
 	sorted := slices.Clone(items)
 	slices.SortFunc(sorted, func(a, b Item) int {
@@ -62,25 +64,29 @@ func Merge(items []Item, taken Taken) ([]*lbdv1.Service, map[string][]Problem) {
 		if len(it.Result.Problems) > 0 {
 			problems[it.Key] = append(problems[it.Key], it.Result.Problems...)
 		}
-		for _, s := range it.Result.Services {
-			fe, ok := FrontendOf(s)
-			if !ok {
-				continue
+	}
+	for _, externals := range []bool{false, true} {
+		for _, it := range sorted {
+			for _, s := range it.Result.Services {
+				fe, ok := FrontendOf(s)
+				if !ok || slices.Contains(it.Result.ExternalVIPs, fe.VIP) != externals {
+					continue
+				}
+				var msg string
+				if other, used := taken.Frontends[fe]; used {
+					msg = fmt.Sprintf("frontend %s is used by lbd service %q of another owner", fe, other)
+				} else if taken.Names[s.Name] {
+					msg = fmt.Sprintf("lbd service name %q is used by another owner", s.Name)
+				} else if winner, used := claimed[fe]; used {
+					msg = fmt.Sprintf("frontend %s is already used by Service %s", fe, winner)
+				}
+				if msg != "" {
+					problems[it.Key] = append(problems[it.Key], Problem{Reason: "FrontendConflict", Message: msg})
+					continue
+				}
+				claimed[fe] = it.Key
+				out = append(out, s)
 			}
-			var msg string
-			if other, used := taken.Frontends[fe]; used {
-				msg = fmt.Sprintf("frontend %s is used by lbd service %q of another owner", fe, other)
-			} else if taken.Names[s.Name] {
-				msg = fmt.Sprintf("lbd service name %q is used by another owner", s.Name)
-			} else if winner, used := claimed[fe]; used {
-				msg = fmt.Sprintf("frontend %s is already used by Service %s", fe, winner)
-			}
-			if msg != "" {
-				problems[it.Key] = append(problems[it.Key], Problem{Reason: "FrontendConflict", Message: msg})
-				continue
-			}
-			claimed[fe] = it.Key
-			out = append(out, s)
 		}
 	}
 	slices.SortFunc(out, func(a, b *lbdv1.Service) int { return strings.Compare(a.Name, b.Name) })

@@ -4,7 +4,6 @@
 package translate
 
 import (
-	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -34,9 +33,13 @@ type Options struct {
 	// ServiceProxyName is our value of the service-proxy-name label: Services labelled with it
 	// are ours, Services labelled with any other value are ignored.
 	ServiceProxyName string
-	// ExternalIPs also takes spec.externalIPs of ClusterIP and NodePort Services (those of
-	// LoadBalancer Services are taken when the Service is ours).
+	// ExternalIPs serves spec.externalIPs (of ClusterIP and NodePort Services, and of
+	// LoadBalancer Services that are ours), but only addresses for which ExternalIPPool
+	// names a pool: anyone who may create a Service could otherwise capture any address's
+	// traffic (CVE-2020-8554).
 	ExternalIPs bool
+	// ExternalIPPool returns the name of the configured pool that holds a, or "".
+	ExternalIPPool func(a netip.Addr) string
 	// MaxBackendsPerService caps the backends of one lbd service (lbd's own limit); 0 means
 	// no cap.
 	MaxBackendsPerService int
@@ -53,7 +56,10 @@ type Problem struct {
 type Result struct {
 	// Services are the lbd services, one per VIP × port × protocol, sorted by name.
 	Services []*lbdv1.Service
-	Problems []Problem
+	// ExternalVIPs are the VIPs that come from spec.externalIPs only: an ingress IP is
+	// preferred over them when two Services claim one frontend.
+	ExternalVIPs []netip.Addr
+	Problems     []Problem
 }
 
 // NodeAddresses maps a node name to its InternalIP addresses.
@@ -118,8 +124,14 @@ func Service(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, nodes N
 	if len(vips) == 0 {
 		return res
 	}
+	for _, v := range vips {
+		if !v.lb {
+			res.ExternalVIPs = append(res.ExternalVIPs, v.addr)
+		}
+	}
 	ranges := sourceRanges(svc, problem)
 	affinity := sessionAffinity(svc)
+	eps := endpoints(svc, epSlices, nodes, problem)
 	for _, sp := range svc.Spec.Ports {
 		proto, ok := protocolOf(sp.Protocol)
 		if !ok {
@@ -136,7 +148,7 @@ func Service(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, nodes N
 					continue
 				}
 			}
-			backends := backendsFor(svc, sp, v.addr, epSlices, nodes)
+			backends := backendsFor(sp, v.addr, eps)
 			if opt.MaxBackendsPerService > 0 && len(backends) > opt.MaxBackendsPerService {
 				problem("TooManyBackends", "port %s VIP %s: %d endpoints, only the first %d are used", portID(sp), v.addr, len(backends), opt.MaxBackendsPerService)
 				backends = backends[:opt.MaxBackendsPerService]
@@ -166,6 +178,20 @@ func Service(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, nodes N
 // (Kubernetes names and port names use only [a-z0-9-]).
 func ServiceName(namespace, name string, sp corev1.ServicePort, addr netip.Addr) string {
 	return fmt.Sprintf("%s/%s/%s/%s/%s", namespace, name, portID(sp), strings.ToLower(string(sp.Protocol)), addr)
+}
+
+// ServiceKeyVIP splits an lbd service name made by ServiceName into the Service's key
+// ("<namespace>/<name>") and the VIP; ok is false for any other name.
+func ServiceKeyVIP(lbdName string) (key string, addr netip.Addr, ok bool) {
+	parts := strings.Split(lbdName, "/")
+	if len(parts) != 5 {
+		return "", netip.Addr{}, false
+	}
+	a, err := netip.ParseAddr(parts[4])
+	if err != nil {
+		return "", netip.Addr{}, false
+	}
+	return parts[0] + "/" + parts[1], a, true
 }
 
 func portID(sp corev1.ServicePort) string {
@@ -205,10 +231,14 @@ func sctpPortTranslated(proto lbdv1.Protocol, sp corev1.ServicePort, backends []
 func serviceVIPs(svc *corev1.Service, opt Options, problem func(string, string, ...any)) []vip {
 	var out []vip
 	seen := map[netip.Addr]int{}
-	add := func(s string, lb bool) {
+	add := func(field, s string, lb bool) {
 		a, err := netip.ParseAddr(s)
-		if err != nil || a.Zone() != "" {
-			problem("InvalidVIP", "%q is not an IP address", s)
+		if err != nil {
+			problem("InvalidVIP", "%s: %q is not an IP address", field, s)
+			return
+		}
+		if why := unusable(a); why != "" {
+			problem("InvalidVIP", "%s: %s %s", field, a, why)
 			return
 		}
 		a = a.Unmap()
@@ -223,15 +253,26 @@ func serviceVIPs(svc *corev1.Service, opt Options, problem func(string, string, 
 	}
 	lbOurs := OwnsLoadBalancer(svc, opt)
 	if lbOurs {
-		for _, ing := range svc.Status.LoadBalancer.Ingress {
+		for i, ing := range svc.Status.LoadBalancer.Ingress {
 			if ing.IP != "" {
-				add(ing.IP, true)
+				add(fmt.Sprintf("status.loadBalancer.ingress[%d].ip", i), ing.IP, true)
 			}
 		}
 	}
-	if lbOurs || (svc.Spec.Type != corev1.ServiceTypeLoadBalancer && opt.ExternalIPs) {
-		for _, ip := range svc.Spec.ExternalIPs {
-			add(ip, false)
+	if !lbOurs && svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		return out // another implementation's Service: its external IPs are not ours either
+	}
+	for i, ip := range svc.Spec.ExternalIPs {
+		field := fmt.Sprintf("spec.externalIPs[%d]", i)
+		switch a, err := netip.ParseAddr(ip); {
+		case !opt.ExternalIPs:
+			if lbOurs {
+				problem("ExternalIPsDisabled", "%s: %s not served: the adapter serves external IPs only with externalIPs: true in its configuration", field, ip)
+			}
+		case err == nil && (opt.ExternalIPPool == nil || opt.ExternalIPPool(a.Unmap()) == ""):
+			problem("ExternalIPNotAllowed", "%s: %s not served: it is in no address pool of the adapter, and external IPs are served only inside one (CVE-2020-8554)", field, a)
+		default:
+			add(field, ip, false)
 		}
 	}
 	return out
@@ -285,138 +326,4 @@ func sessionAffinity(svc *corev1.Service) *lbdv1.SessionAffinity {
 		secs = min(max(*c.ClientIP.TimeoutSeconds, 1), maxAffinitySeconds)
 	}
 	return &lbdv1.SessionAffinity{Timeout: durationpb.New(time.Duration(secs) * time.Second)}
-}
-
-// candidate is one endpoint address usable for a Service port.
-type candidate struct {
-	addr        netip.Addr
-	port        uint32
-	node        string
-	ready       bool
-	serving     bool
-	terminating bool
-}
-
-// backendsFor selects the backends of one Service port for one VIP family: ready endpoints;
-// if there are none, serving terminating ones (kube-proxy's fallback, so a rolling update
-// of every pod does not black-hole the VIP); other terminating endpoints drain, so their
-// established flows finish. Not-ready, non-terminating endpoints are left out.
-func backendsFor(svc *corev1.Service, sp corev1.ServicePort, family netip.Addr, epSlices []*discoveryv1.EndpointSlice, nodes NodeAddresses) []*lbdv1.Backend {
-	wantType := discoveryv1.AddressTypeIPv4
-	if family.Is6() {
-		wantType = discoveryv1.AddressTypeIPv6
-	}
-	cands := map[netip.AddrPort]candidate{}
-	for _, s := range epSlices {
-		if s.Namespace != svc.Namespace || s.Labels[discoveryv1.LabelServiceName] != svc.Name || s.AddressType != wantType {
-			continue
-		}
-		port, ok := slicePort(s, sp)
-		if !ok {
-			continue
-		}
-		for _, ep := range s.Endpoints {
-			if len(ep.Addresses) == 0 {
-				continue
-			}
-			// Only the first address of an endpoint is significant (EndpointSlice API).
-			a, err := netip.ParseAddr(ep.Addresses[0])
-			if err != nil {
-				continue
-			}
-			c := candidate{addr: a.Unmap(), port: port}
-			if c.addr.Is4() != family.Is4() {
-				continue
-			}
-			c.terminating = ep.Conditions.Terminating != nil && *ep.Conditions.Terminating
-			c.ready = (ep.Conditions.Ready == nil || *ep.Conditions.Ready) && !c.terminating
-			c.serving = c.ready
-			if ep.Conditions.Serving != nil {
-				c.serving = *ep.Conditions.Serving
-			}
-			if ep.NodeName != nil {
-				c.node = *ep.NodeName
-			}
-			key := netip.AddrPortFrom(c.addr, uint16(port))
-			// The same endpoint may briefly appear in two slices; the more usable copy wins.
-			if old, dup := cands[key]; dup && rank(old) >= rank(c) {
-				continue
-			}
-			cands[key] = c
-		}
-	}
-	haveReady := false
-	for _, c := range cands {
-		haveReady = haveReady || c.ready
-	}
-	var out []*lbdv1.Backend
-	for _, c := range cands {
-		var state lbdv1.BackendState
-		switch {
-		case c.ready:
-			state = lbdv1.BackendState_BACKEND_STATE_ACTIVE
-		case c.terminating && c.serving && !haveReady:
-			state = lbdv1.BackendState_BACKEND_STATE_ACTIVE
-		case c.terminating:
-			state = lbdv1.BackendState_BACKEND_STATE_DRAINING
-		default:
-			continue
-		}
-		out = append(out, &lbdv1.Backend{
-			Address:     c.addr.String(),
-			Port:        c.port,
-			NodeAddress: nodeAddress(c, nodes).String(),
-			State:       state,
-		})
-	}
-	slices.SortFunc(out, func(a, b *lbdv1.Backend) int {
-		return cmp.Or(
-			netip.MustParseAddr(a.Address).Compare(netip.MustParseAddr(b.Address)),
-			cmp.Compare(a.Port, b.Port))
-	})
-	return out
-}
-
-func rank(c candidate) int {
-	switch {
-	case c.ready:
-		return 3
-	case c.serving:
-		return 2
-	case c.terminating:
-		return 1
-	}
-	return 0
-}
-
-// slicePort finds the target port of a Service port in a slice: same name and protocol.
-func slicePort(s *discoveryv1.EndpointSlice, sp corev1.ServicePort) (uint32, bool) {
-	for _, p := range s.Ports {
-		name, proto := "", corev1.ProtocolTCP
-		if p.Name != nil {
-			name = *p.Name
-		}
-		if p.Protocol != nil {
-			proto = *p.Protocol
-		}
-		spProto := sp.Protocol
-		if spProto == "" {
-			spProto = corev1.ProtocolTCP
-		}
-		if name == sp.Name && proto == spProto && p.Port != nil && *p.Port > 0 && *p.Port <= 65535 {
-			return uint32(*p.Port), true
-		}
-	}
-	return 0, false
-}
-
-// nodeAddress is the outer-header destination for a backend: its node's InternalIP of the
-// backend's family, else the backend address itself (a backend reachable directly).
-func nodeAddress(c candidate, nodes NodeAddresses) netip.Addr {
-	for _, a := range nodes[c.node] {
-		if a.Is4() == c.addr.Is4() {
-			return a
-		}
-	}
-	return c.addr
 }

@@ -15,7 +15,18 @@ import (
 
 const testClass = "lbd-dev.github.io/lbd"
 
-var defaultOpts = Options{LoadBalancerClass: testClass, ClaimClassless: true, ExternalIPs: true}
+var defaultOpts = Options{LoadBalancerClass: testClass, ClaimClassless: true, ExternalIPs: true, ExternalIPPool: testPool}
+
+// testPool is the adapter's pools as translation sees them: 203.0.113.0/24 and
+// 2001:db8:ff::/48.
+func testPool(a netip.Addr) string {
+	for _, p := range []string{"203.0.113.0/24", "2001:db8:ff::/48"} {
+		if netip.MustParsePrefix(p).Contains(a) {
+			return "test"
+		}
+	}
+	return ""
+}
 
 // svcOpt edits a test Service.
 type svcOpt func(*corev1.Service)
@@ -93,8 +104,9 @@ func slice(name string, at discoveryv1.AddressType, portName string, proto corev
 }
 
 var testNodes = NodeAddresses{
-	"n1": {netip.MustParseAddr("198.18.1.1"), netip.MustParseAddr("2001:db8:1::1")},
-	"n2": {netip.MustParseAddr("198.18.1.2")},
+	"n1":  {netip.MustParseAddr("198.18.1.1"), netip.MustParseAddr("2001:db8:1::1")},
+	"n2":  {netip.MustParseAddr("198.18.1.2")},
+	"bad": {netip.MustParseAddr("224.0.0.1")},
 }
 
 // render writes a service compactly so tables can state whole expected outputs.
@@ -227,18 +239,62 @@ func translateCases() []translateCase {
 			problems: []string{"SCTPTargetPort"},
 		},
 		{
-			name: "not-ready endpoints are left out; terminating ones drain while ready ones exist",
+			name: "not-ready and terminating endpoints drain while ready ones exist",
 			svc:  lbService([]string{"203.0.113.10"}),
 			slices: []*discoveryv1.EndpointSlice{slice("a", discoveryv1.AddressTypeIPv4, "http", corev1.ProtocolTCP, 8080,
 				readyEP("198.18.10.1", "n1"), notReadyEP("198.18.10.2", "n2"), termEP("198.18.10.3", "n2", true), termEP("198.18.10.4", "n2", false))},
-			want: []string{"ns1/web/http/tcp/203.0.113.10 203.0.113.10:80 TCP [198.18.10.1:8080@198.18.1.1 198.18.10.3:8080@198.18.1.2(draining) 198.18.10.4:8080@198.18.1.2(draining)]"},
+			want: []string{"ns1/web/http/tcp/203.0.113.10 203.0.113.10:80 TCP [198.18.10.1:8080@198.18.1.1 198.18.10.2:8080@198.18.1.2(draining) 198.18.10.3:8080@198.18.1.2(draining) 198.18.10.4:8080@198.18.1.2(draining)]"},
 		},
 		{
-			name: "no ready endpoint: serving terminating ones take new flows, non-serving ones drain",
+			name: "no ready endpoint: serving terminating ones take new flows, the others drain",
 			svc:  lbService([]string{"203.0.113.10"}),
 			slices: []*discoveryv1.EndpointSlice{slice("a", discoveryv1.AddressTypeIPv4, "http", corev1.ProtocolTCP, 8080,
 				notReadyEP("198.18.10.2", "n2"), termEP("198.18.10.3", "n2", true), termEP("198.18.10.4", "n2", false))},
-			want: []string{"ns1/web/http/tcp/203.0.113.10 203.0.113.10:80 TCP [198.18.10.3:8080@198.18.1.2 198.18.10.4:8080@198.18.1.2(draining)]"},
+			want: []string{"ns1/web/http/tcp/203.0.113.10 203.0.113.10:80 TCP [198.18.10.2:8080@198.18.1.2(draining) 198.18.10.3:8080@198.18.1.2 198.18.10.4:8080@198.18.1.2(draining)]"},
+		},
+		{
+			name: "only not-ready endpoints: all drain, none takes new flows",
+			svc:  lbService([]string{"203.0.113.10"}),
+			slices: []*discoveryv1.EndpointSlice{slice("a", discoveryv1.AddressTypeIPv4, "http", corev1.ProtocolTCP, 8080,
+				notReadyEP("198.18.10.2", "n2"))},
+			want: []string{"ns1/web/http/tcp/203.0.113.10 203.0.113.10:80 TCP [198.18.10.2:8080@198.18.1.2(draining)]"},
+		},
+		{
+			name: "endpoints lbd cannot use are left out, one problem per slice and reason; the others serve",
+			svc:  lbService([]string{"203.0.113.10"}),
+			slices: []*discoveryv1.EndpointSlice{slice("a", discoveryv1.AddressTypeIPv4, "http", corev1.ProtocolTCP, 8080,
+				readyEP("198.18.10.1", "n1"), readyEP("239.1.2.3", "n1"), readyEP("169.254.0.7", "n1"), readyEP("0.0.0.0", "n1"),
+				readyEP("255.255.255.255", ""), readyEP("127.0.0.1", ""), readyEP("2001:db8:10::1", "n1"), readyEP("nonsense", "n1"))},
+			want:     []string{"ns1/web/http/tcp/203.0.113.10 203.0.113.10:80 TCP [198.18.10.1:8080@198.18.1.1]"},
+			problems: []string{"InvalidEndpoint"},
+		},
+		{
+			name: "a node whose InternalIP lbd cannot use: its endpoints are left out",
+			svc:  lbService([]string{"203.0.113.10"}),
+			slices: []*discoveryv1.EndpointSlice{slice("a", discoveryv1.AddressTypeIPv4, "http", corev1.ProtocolTCP, 8080,
+				readyEP("198.18.10.1", "n1"), readyEP("198.18.10.2", "bad"))},
+			want:     []string{"ns1/web/http/tcp/203.0.113.10 203.0.113.10:80 TCP [198.18.10.1:8080@198.18.1.1]"},
+			problems: []string{"InvalidNodeAddress"},
+		},
+		{
+			name: "externalTrafficPolicy Local: only endpoints on a known node",
+			svc: lbService([]string{"203.0.113.10"}, func(s *corev1.Service) {
+				s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			}),
+			slices: []*discoveryv1.EndpointSlice{slice("a", discoveryv1.AddressTypeIPv4, "http", corev1.ProtocolTCP, 8080,
+				readyEP("198.18.10.1", "n2"), readyEP("198.18.10.2", "unknown-node"), readyEP("198.18.10.3", ""))},
+			want:     []string{"ns1/web/http/tcp/203.0.113.10 203.0.113.10:80 TCP [198.18.10.1:8080@198.18.1.2]"},
+			problems: []string{"EndpointNodeUnknown"},
+		},
+		{
+			name: "externalTrafficPolicy Local: a node without an address of the family",
+			svc: lbService([]string{"2001:db8:ff::10"}, func(s *corev1.Service) {
+				s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			}),
+			slices: []*discoveryv1.EndpointSlice{slice("a", discoveryv1.AddressTypeIPv6, "http", corev1.ProtocolTCP, 8080,
+				readyEP("2001:db8:10::1", "n1"), readyEP("2001:db8:10::2", "n2"))},
+			want:     []string{"ns1/web/http/tcp/2001:db8:ff::10 2001:db8:ff::10:80 TCP [2001:db8:10::1:8080@2001:db8:1::1]"},
+			problems: []string{"EndpointNodeUnknown"},
 		},
 		{
 			name:   "unset conditions mean ready (EndpointSlice API)",
@@ -329,6 +385,25 @@ func translateCases() []translateCase {
 			svc:  lbService(nil, withType(corev1.ServiceTypeClusterIP), withExternalIPs("203.0.113.30")),
 			opts: &noExternal,
 			want: []string{},
+		},
+		{
+			name:     "externalIPs of our LoadBalancer Service, disabled in the config: said why",
+			svc:      lbService([]string{"203.0.113.10"}, withExternalIPs("203.0.113.30")),
+			opts:     &noExternal,
+			want:     []string{"ns1/web/http/tcp/203.0.113.10 203.0.113.10:80 TCP []"},
+			problems: []string{"ExternalIPsDisabled"},
+		},
+		{
+			name:     "externalIPs outside every pool are not served (CVE-2020-8554)",
+			svc:      lbService(nil, withType(corev1.ServiceTypeClusterIP), withExternalIPs("198.51.100.7", "203.0.113.30")),
+			want:     []string{"ns1/web/http/tcp/203.0.113.30 203.0.113.30:80 TCP []"},
+			problems: []string{"ExternalIPNotAllowed"},
+		},
+		{
+			name:     "an ingress IP lbd cannot use is reported",
+			svc:      lbService([]string{"224.0.0.5", "203.0.113.10"}),
+			want:     []string{"ns1/web/http/tcp/203.0.113.10 203.0.113.10:80 TCP []"},
+			problems: []string{"InvalidVIP"},
 		},
 		{
 			name: "an address both ingress and external IP appears once",
@@ -455,5 +530,48 @@ func TestMerge(t *testing.T) {
 	}
 	if p := problems["ns1/old"]; len(p) != 0 {
 		t.Errorf("the oldest Service has problems %v", p)
+	}
+}
+
+// TestProblemMessages checks that a left-out part is named by its field, so that the
+// Event tells the operator what to fix.
+func TestProblemMessages(t *testing.T) {
+	svc := lbService([]string{"203.0.113.10"}, withExternalIPs("198.51.100.7"))
+	s := slice("web-x", discoveryv1.AddressTypeIPv4, "http", corev1.ProtocolTCP, 8080,
+		readyEP("198.18.10.1", "n1"), readyEP("239.1.2.3", "n1"), readyEP("169.254.0.7", "n1"))
+	res := Service(svc, []*discoveryv1.EndpointSlice{s}, testNodes, defaultOpts)
+	want := []Problem{
+		{Reason: "ExternalIPNotAllowed", Message: "spec.externalIPs[0]: 198.51.100.7 not served: it is in no address pool of the adapter, and external IPs are served only inside one (CVE-2020-8554)"},
+		{Reason: "InvalidEndpoint", Message: "EndpointSlice web-x: endpoints[1].addresses[0] 239.1.2.3 is a multicast address; endpoints[2].addresses[0] 169.254.0.7 is a link-local address: left out"},
+	}
+	if fmt.Sprint(res.Problems) != fmt.Sprint(want) {
+		t.Errorf("problems:\n got  %v\n want %v", res.Problems, want)
+	}
+}
+
+// TestMergeIngressBeforeExternal gives an older Service's external IP and a newer
+// Service's ingress IP the same frontend: the ingress IP wins, so a user cannot take an
+// allocated VIP away with spec.externalIPs.
+func TestMergeIngressBeforeExternal(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	ext := Service(lbService(nil, withType(corev1.ServiceTypeClusterIP), withExternalIPs("203.0.113.10"), func(s *corev1.Service) { s.Name = "ext" }), nil, nil, defaultOpts)
+	ing := Service(lbService([]string{"203.0.113.10"}, func(s *corev1.Service) { s.Name = "ing" }), nil, nil, defaultOpts)
+	got, problems := Merge([]Item{{Key: "ns1/ext", Created: t0, Result: ext}, {Key: "ns1/ing", Created: t0.Add(time.Hour), Result: ing}}, Taken{})
+	if names := renderAll(got); len(names) != 1 || !strings.HasPrefix(names[0], "ns1/ing/") {
+		t.Errorf("merged = %v, want the ingress IP's service only", names)
+	}
+	if p := problems["ns1/ext"]; len(p) != 1 || !strings.Contains(p[0].Message, "ns1/ing") {
+		t.Errorf("problems of the external IP's Service = %v, want a conflict naming ns1/ing", p)
+	}
+}
+
+func TestServiceKeyVIP(t *testing.T) {
+	name := ServiceName("ns1", "web", corev1.ServicePort{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}, netip.MustParseAddr("2001:db8:ff::1"))
+	key, vip, ok := ServiceKeyVIP(name)
+	if !ok || key != "ns1/web" || vip != netip.MustParseAddr("2001:db8:ff::1") {
+		t.Errorf("ServiceKeyVIP(%q) = %q, %v, %v", name, key, vip, ok)
+	}
+	if _, _, ok := ServiceKeyVIP("operator-web"); ok {
+		t.Error("ServiceKeyVIP accepted a name the adapter does not make")
 	}
 }
