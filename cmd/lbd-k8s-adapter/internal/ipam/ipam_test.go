@@ -189,6 +189,62 @@ func TestPlan(t *testing.T) {
 			want:  "a=[198.51.100.9]",
 		},
 		{
+			name:  "a new requested address: both until lbd has programmed the new one",
+			pools: []*Pool{mustPool(t, "p", true, "203.0.113.0/30")},
+			reqs:  []Request{{Key: "a", Created: t0, Families: v4, Current: addrs("203.0.113.0"), Wanted: addrs("203.0.113.2")}},
+			want:  "*a=[203.0.113.2 203.0.113.0]", wantEvents: "a:IPMoving",
+		},
+		{
+			name:  "moving, the new address not yet programmed: nothing changes",
+			pools: []*Pool{mustPool(t, "p", true, "203.0.113.0/30")},
+			reqs: []Request{{Key: "a", Created: t0, Families: v4, Current: addrs("203.0.113.2", "203.0.113.0"),
+				Wanted: addrs("203.0.113.2"), Programmed: addrs("203.0.113.0")}},
+			want: "a=[203.0.113.2 203.0.113.0]",
+		},
+		{
+			name:  "moving, the new address programmed: the old one is released and free for another",
+			pools: []*Pool{mustPool(t, "p", true, "203.0.113.0/31")},
+			reqs: []Request{
+				{Key: "a", Created: t0, Families: v4, Current: addrs("203.0.113.1", "203.0.113.0"),
+					Wanted: addrs("203.0.113.1"), Programmed: addrs("203.0.113.0", "203.0.113.1")},
+				{Key: "b", Created: t0.Add(time.Second), Families: v4},
+			},
+			want: "*a=[203.0.113.1] *b=[203.0.113.0]", wantEvents: "a:IPReleased b:IPAllocated",
+		},
+		{
+			name:  "a requested address that another Service holds: the current one stays",
+			pools: []*Pool{mustPool(t, "p", true, "203.0.113.0/30")},
+			reqs: []Request{
+				{Key: "a", Created: t0, Families: v4, Current: addrs("203.0.113.0")},
+				{Key: "b", Created: t0.Add(time.Second), Families: v4, Current: addrs("203.0.113.1"), Wanted: addrs("203.0.113.0")},
+			},
+			want: "a=[203.0.113.0] b=[203.0.113.1]", wantEvents: "b:IPConflict",
+		},
+		{
+			name:  "RequireDualStack with one family exhausted: neither family",
+			pools: []*Pool{mustPool(t, "p", true, "203.0.113.0/30", "2001:db8:ff::/128")},
+			reqs: []Request{
+				{Key: "a", Created: t0, Families: v6, Current: addrs("2001:db8:ff::")},
+				{Key: "b", Created: t0.Add(time.Second), Families: dual, RequireDualStack: true},
+			},
+			want: "a=[2001:db8:ff::] b=[]", wantEvents: "b:AllocationFailed b:DualStackIncomplete",
+		},
+		{
+			name:  "RequireDualStack with both families free: both",
+			pools: []*Pool{mustPool(t, "p", true, "203.0.113.0/30", "2001:db8:ff::/128")},
+			reqs:  []Request{{Key: "b", Created: t0, Families: dual, RequireDualStack: true}},
+			want:  "*b=[203.0.113.0 2001:db8:ff::]", wantEvents: "b:IPAllocated b:IPAllocated",
+		},
+		{
+			name:  "an external IP inside a pool is not allocated to another Service",
+			pools: []*Pool{mustPool(t, "p", true, "203.0.113.0/30")},
+			reqs: []Request{
+				{Key: "ext", Created: t0.Add(time.Second), Families: v4, Reserved: addrs("203.0.113.0")},
+				{Key: "a", Created: t0, Families: v4},
+			},
+			want: "*a=[203.0.113.1] *ext=[203.0.113.2]", wantEvents: "a:IPAllocated ext:IPAllocated",
+		},
+		{
 			name:       "an address of a family the Service no longer has is dropped",
 			pools:      []*Pool{mustPool(t, "p", true, "203.0.113.0/30")},
 			reqs:       []Request{{Key: "a", Created: t0, Families: v4, Current: addrs("2001:db8:ff::1", "203.0.113.2")}},
@@ -205,5 +261,30 @@ func TestPlan(t *testing.T) {
 				t.Errorf("events = %q (%v), want %q", got, es, tc.wantEvents)
 			}
 		})
+	}
+}
+
+// TestPlanConditions checks what the allocation's Service condition would say.
+func TestPlanConditions(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	pools := []*Pool{mustPool(t, "p", true, "203.0.113.0/32", "2001:db8:ff::/127")}
+	ds, _ := Plan([]Request{
+		{Key: "ok", Created: t0, Families: []bool{true}},
+		{Key: "dual", Created: t0.Add(time.Second), Families: []bool{true, false}, RequireDualStack: true},
+		{Key: "moving", Created: t0.Add(2 * time.Second), Families: []bool{false}, Current: addrs("2001:db8:ff::"), Wanted: addrs("2001:db8:ff::1")},
+		{Key: "bad", Created: t0.Add(3 * time.Second), Families: []bool{false}, WantedError: "annotation: \"x\" is not an IP address"},
+	}, pools)
+	var got []string
+	for _, d := range ds {
+		got = append(got, fmt.Sprintf("%s %v %s: %s", d.Key, d.Allocated, d.Reason, d.Message))
+	}
+	want := []string{
+		"ok true IPAllocated: assigned 203.0.113.0",
+		"dual false DualStackIncomplete: ipFamilyPolicy RequireDualStack: no free IPv4 address in pools [p]; no address of either family is assigned until both can be",
+		"moving true IPMoving: moving from 2001:db8:ff:: to 2001:db8:ff::1: the old address is released once lbd has programmed the new one",
+		"bad false InvalidRequestedIP: annotation: \"x\" is not an IP address",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("decisions:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
