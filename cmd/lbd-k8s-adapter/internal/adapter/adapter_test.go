@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -32,6 +35,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"--log-level", "loud"}, 2, "--log-level"},
 		{[]string{"--config", missing, "extra"}, 2, "unexpected arguments"},
 		{[]string{"--config", missing}, 1, "read config"},
+		{[]string{"node-config", "--template", missing}, 2, "need --template and --out"},
+		{[]string{"node-config", "--template", missing, "--out", missing + ".out"}, 1, "read template"},
 	} {
 		var stderr bytes.Buffer
 		if code := Run(context.Background(), tc.args, &stderr); code != tc.code || !strings.Contains(stderr.String(), tc.inStderr) {
@@ -63,7 +68,20 @@ func TestRunFromFiles(t *testing.T) {
 	}
 	lbd := apitest.StartServer(t, store.DefaultLimits())
 	cfg := filepath.Join(dir, "adapter.yaml")
-	if err := os.WriteFile(cfg, fmt.Appendf(nil, "owner: files-test\nlbdAddress: %s\nsync: {minInterval: 50ms}\n", lbd.Addr), 0o600); err != nil {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	probes := ln.Addr().String()
+	ln.Close()
+	if err := os.WriteFile(cfg, fmt.Appendf(nil, `owner: files-test
+lbdAddress: %s
+sync: {minInterval: 50ms}
+externalIPs: true
+pools: [{name: ext, addresses: [203.0.113.0/24], autoAssign: false}]
+leaderElection: {namespace: default}
+healthListen: %s
+`, lbd.Addr, probes), 0o600); err != nil {
 		t.Fatal(err)
 	}
 
@@ -107,6 +125,17 @@ func TestRunFromFiles(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	for _, path := range []string{"/healthz", "/readyz"} {
+		resp, err := http.Get("http://" + probes + path)
+		if err != nil {
+			t.Fatalf("probe %s: %v", path, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("%s: %d %s", path, resp.StatusCode, body)
+		}
+	}
 	cancel()
 	select {
 	case code := <-done:
@@ -115,5 +144,29 @@ func TestRunFromFiles(t *testing.T) {
 		}
 	case <-time.After(15 * time.Second):
 		t.Fatal("adapter did not stop")
+	}
+}
+
+// TestNodeConfig renders a template as the DaemonSet's init container does, from the
+// downward API's environment variables.
+func TestNodeConfig(t *testing.T) {
+	dir := t.TempDir()
+	in, out := filepath.Join(dir, "lbd.yaml.tmpl"), filepath.Join(dir, "lbd.yaml")
+	if err := os.WriteFile(in, []byte("bgp: {router_id: ${NODE_IPV4}}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("NODE_NAME", "edge-1")
+	t.Setenv("NODE_IPS", "198.18.0.11,2001:db8:f::11")
+	var stderr bytes.Buffer
+	if code := Run(context.Background(), []string{"node-config", "--template", in, "--out", out}, &stderr); code != 0 {
+		t.Fatalf("node-config: exit %d: %s", code, stderr.String())
+	}
+	if b, err := os.ReadFile(out); err != nil || string(b) != "bgp: {router_id: 198.18.0.11}\n" {
+		t.Errorf("rendered %q, %v", b, err)
+	}
+	t.Setenv("NODE_IPS", "2001:db8:f::11")
+	stderr.Reset()
+	if code := Run(context.Background(), []string{"node-config", "--template", in, "--out", out}, &stderr); code != 1 || !strings.Contains(stderr.String(), "${NODE_IPV4} has no value") {
+		t.Errorf("node-config without an IPv4 address: exit %d, %q", code, stderr.String())
 	}
 }

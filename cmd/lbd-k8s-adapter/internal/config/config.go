@@ -6,6 +6,8 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"regexp"
 	"strings"
@@ -20,6 +22,14 @@ import (
 
 // DefaultLoadBalancerClass is the spec.loadBalancerClass the adapter answers to by default.
 const DefaultLoadBalancerClass = "lbd-dev.github.io/lbd"
+
+// Default client-side rate limits (see KubeClient).
+const (
+	DefaultQPS        = 200
+	DefaultBurst      = 400
+	DefaultEventQPS   = 50
+	DefaultEventBurst = 200
+)
 
 // Config is the adapter's configuration file.
 type Config struct {
@@ -39,7 +49,9 @@ type Config struct {
 	// ServiceProxyName is the value of service.kubernetes.io/service-proxy-name that marks
 	// a Service as ours; Services labelled with another value are ignored.
 	ServiceProxyName string `json:"serviceProxyName,omitempty"`
-	// ExternalIPs serves spec.externalIPs of ClusterIP and NodePort Services (default true).
+	// ExternalIPs serves spec.externalIPs (default false). Only addresses inside one of
+	// the pools are served: anyone who may create a Service could otherwise capture the
+	// traffic of any address (CVE-2020-8554).
 	ExternalIPs *bool `json:"externalIPs,omitempty"`
 	// MaxBackendsPerService must not exceed lbd's limit of the same name (default 1024).
 	MaxBackendsPerService int `json:"maxBackendsPerService,omitempty"`
@@ -49,6 +61,24 @@ type Config struct {
 	Pools []Pool `json:"pools,omitempty"`
 	// LeaderElection elects the one replica that writes Service status.
 	LeaderElection LeaderElection `json:"leaderElection,omitempty"`
+	// KubeClient bounds the adapter's requests to the Kubernetes API server.
+	KubeClient KubeClient `json:"kubeClient,omitempty"`
+	// HealthListen is the address of /healthz (liveness) and /readyz (readiness), e.g.
+	// "127.0.0.1:9311"; empty serves neither.
+	HealthListen string `json:"healthListen,omitempty"`
+}
+
+// KubeClient is the client-side rate limit of the adapter's API requests (client-go's
+// QPS and burst). Status writes (one per Service whose VIPs or conditions change) and the
+// Lease share one budget; Events have their own, so a burst of Events never delays a VIP.
+type KubeClient struct {
+	// QPS and Burst of status writes and the Lease (defaults 200 and 400: 1,000 new
+	// Services get their VIPs within seconds).
+	QPS   float32 `json:"qps,omitempty"`
+	Burst int     `json:"burst,omitempty"`
+	// EventQPS and EventBurst of Events (defaults 50 and 200).
+	EventQPS   float32 `json:"eventQPS,omitempty"`
+	EventBurst int     `json:"eventBurst,omitempty"`
 }
 
 // Sync bounds the frequency of ApplyServices calls, as kube-proxy bounds its syncs.
@@ -121,7 +151,21 @@ func (c *Config) setDefaults() {
 		c.ClaimClassless = &yes
 	}
 	if c.ExternalIPs == nil {
-		c.ExternalIPs = &yes
+		no := false
+		c.ExternalIPs = &no
+	}
+	kc := &c.KubeClient
+	if kc.QPS == 0 {
+		kc.QPS = DefaultQPS
+	}
+	if kc.Burst == 0 {
+		kc.Burst = DefaultBurst
+	}
+	if kc.EventQPS == 0 {
+		kc.EventQPS = DefaultEventQPS
+	}
+	if kc.EventBurst == 0 {
+		kc.EventBurst = DefaultEventBurst
 	}
 	if c.MaxBackendsPerService == 0 {
 		c.MaxBackendsPerService = 1024
@@ -184,6 +228,18 @@ func (c *Config) Validate() error {
 		bad("leaderElection", "need leaseDuration (%v) > renewDeadline (%v) > retryPeriod (%v) > 0",
 			le.LeaseDuration.Duration, le.RenewDeadline.Duration, le.RetryPeriod.Duration)
 	}
+	kc := c.KubeClient
+	if kc.QPS < 0 || kc.Burst < 1 || float32(kc.Burst) < kc.QPS {
+		bad("kubeClient", "need 0 < qps (%v) <= burst (%d)", kc.QPS, kc.Burst)
+	}
+	if kc.EventQPS < 0 || kc.EventBurst < 1 || float32(kc.EventBurst) < kc.EventQPS {
+		bad("kubeClient", "need 0 < eventQPS (%v) <= eventBurst (%d)", kc.EventQPS, kc.EventBurst)
+	}
+	if c.HealthListen != "" {
+		if _, _, err := net.SplitHostPort(c.HealthListen); err != nil {
+			bad("healthListen", "%q is not host:port: %v", c.HealthListen, err)
+		}
+	}
 	for _, msg := range validation.IsDNS1123Subdomain(le.Name) {
 		bad("leaderElection.name", "%q: %s", le.Name, msg)
 	}
@@ -226,11 +282,20 @@ func (c *Config) IPPools() ([]*ipam.Pool, error) {
 
 // TranslateOptions are the translation settings of this configuration.
 func (c *Config) TranslateOptions() translate.Options {
+	pools, _ := c.IPPools() // valid: Validate checked them
 	return translate.Options{
-		LoadBalancerClass:     c.LoadBalancerClass,
-		ClaimClassless:        *c.ClaimClassless,
-		ServiceProxyName:      c.ServiceProxyName,
-		ExternalIPs:           *c.ExternalIPs,
+		LoadBalancerClass: c.LoadBalancerClass,
+		ClaimClassless:    *c.ClaimClassless,
+		ServiceProxyName:  c.ServiceProxyName,
+		ExternalIPs:       *c.ExternalIPs,
+		ExternalIPPool: func(a netip.Addr) string {
+			for _, p := range pools {
+				if p.Contains(a) {
+					return p.Name
+				}
+			}
+			return ""
+		},
 		MaxBackendsPerService: c.MaxBackendsPerService,
 	}
 }

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -31,6 +32,8 @@ leaderElection:
   leaseDuration: 30s
   renewDeadline: 20s
   retryPeriod: 5s
+kubeClient: {qps: 20, burst: 30, eventQPS: 5, eventBurst: 10}
+healthListen: 127.0.0.1:9311
 `
 
 func TestParseFull(t *testing.T) {
@@ -52,6 +55,14 @@ func TestParseFull(t *testing.T) {
 	if err != nil || len(pools) != 2 || !pools[0].AutoAssign || pools[1].AutoAssign {
 		t.Fatalf("pools = %v, %v", pools, err)
 	}
+	if kc := c.KubeClient; kc != (KubeClient{QPS: 20, Burst: 30, EventQPS: 5, EventBurst: 10}) || c.HealthListen != "127.0.0.1:9311" {
+		t.Errorf("kubeClient = %+v, healthListen = %q", kc, c.HealthListen)
+	}
+	for addr, want := range map[string]string{"203.0.113.5": "public", "203.0.113.201": "reserved", "198.51.100.1": ""} {
+		if got := opt.ExternalIPPool(netip.MustParseAddr(addr)); got != want {
+			t.Errorf("ExternalIPPool(%s) = %q, want %q", addr, got, want)
+		}
+	}
 }
 
 func TestParseDefaults(t *testing.T) {
@@ -60,8 +71,11 @@ func TestParseDefaults(t *testing.T) {
 		t.Fatalf("Parse: %v", err)
 	}
 	opt := c.TranslateOptions()
-	if opt.LoadBalancerClass != DefaultLoadBalancerClass || !opt.ClaimClassless || !opt.ExternalIPs || opt.MaxBackendsPerService != 1024 {
+	if opt.LoadBalancerClass != DefaultLoadBalancerClass || !opt.ClaimClassless || opt.ExternalIPs || opt.MaxBackendsPerService != 1024 {
 		t.Errorf("defaults = %+v", opt)
+	}
+	if kc := c.KubeClient; kc != (KubeClient{QPS: DefaultQPS, Burst: DefaultBurst, EventQPS: DefaultEventQPS, EventBurst: DefaultEventBurst}) || c.HealthListen != "" {
+		t.Errorf("kubeClient defaults = %+v, healthListen = %q", kc, c.HealthListen)
 	}
 	if c.Sync.MinInterval.Duration != time.Second || c.Sync.MaxInterval.Duration != 5*time.Minute {
 		t.Errorf("sync defaults = %+v", c.Sync)
@@ -90,6 +104,9 @@ func TestParseErrors(t *testing.T) {
 		{base + "pools: [{name: a, addresses: [203.0.113.0/28]}, {name: b, addresses: [203.0.113.8/29]}]\n", "overlaps"},
 		{base + "pools: [{name: Bad_Name, addresses: [203.0.113.0/28]}]\n", "DNS label"},
 		{base + "maxBackendsPerService: -1\n", "maxBackendsPerService"},
+		{base + "kubeClient: {qps: 50, burst: 10}\n", "kubeClient: need 0 < qps (50) <= burst (10)"},
+		{base + "kubeClient: {eventQPS: -1}\n", "eventQPS"},
+		{base + "healthListen: nonsense\n", "healthListen"},
 	} {
 		_, err := Parse([]byte(tc.yaml))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

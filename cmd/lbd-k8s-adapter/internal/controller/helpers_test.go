@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"github.com/lbd-dev/lbd/cmd/lbd-k8s-adapter/internal/controller"
 	"github.com/lbd-dev/lbd/cmd/lbd-k8s-adapter/internal/k8stest"
 	"github.com/lbd-dev/lbd/daemon/api"
+	"github.com/lbd-dev/lbd/daemon/reconcile"
 	"github.com/lbd-dev/lbd/daemon/store"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"google.golang.org/grpc"
@@ -25,6 +27,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/yaml"
 )
 
@@ -69,6 +72,12 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
+	return newEnvLimits(t, store.DefaultLimits())
+}
+
+// newEnvLimits is newEnv with an lbd that has these limits.
+func newEnvLimits(t *testing.T, lim store.Limits) *env {
+	t.Helper()
 	if cluster == nil {
 		t.Skip(clusterErr)
 	}
@@ -91,7 +100,7 @@ func newEnv(t *testing.T) *env {
 		}
 		_ = kube.DiscoveryV1().EndpointSlices(e.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
 	})
-	e.lbd = startLbd(t)
+	e.lbd = startLbd(t, lim)
 	return e
 }
 
@@ -101,15 +110,21 @@ func suffix() string {
 	return hex.EncodeToString(b)
 }
 
-// config is the adapter configuration of a test: fast syncs and a fast Lease.
+// config is the adapter configuration of a test: fast syncs and a fast Lease, external
+// IPs served. Without pools, one pool that only Services naming it allocate from
+// ("ext", 203.0.113.0/24 and 2001:db8:ff::/48) lets the tests' external IPs pass.
 func (e *env) config(pools ...config.Pool) *config.Config {
 	e.t.Helper()
-	yes := true
+	yes, no := true, false
+	if len(pools) == 0 {
+		pools = []config.Pool{{Name: "ext", Addresses: []string{"203.0.113.0/24", "2001:db8:ff::/48"}, AutoAssign: &no}}
+	}
 	c := &config.Config{
 		Owner:             testOwner,
 		LbdAddress:        "unix://" + e.lbd.sock,
 		LoadBalancerClass: testClass,
 		ClaimClassless:    &yes,
+		ExternalIPs:       &yes,
 		Pools:             pools,
 		Sync: config.Sync{
 			MinInterval: metav1.Duration{Duration: 50 * time.Millisecond},
@@ -122,7 +137,7 @@ func (e *env) config(pools ...config.Pool) *config.Config {
 			RetryPeriod:   metav1.Duration{Duration: 200 * time.Millisecond},
 		},
 	}
-	data, err := yaml.Marshal(c)
+	data, err := yamlConfig(c)
 	if err != nil {
 		e.t.Fatalf("encode config: %v", err)
 	}
@@ -192,23 +207,27 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// lbdServer is lbd's real API and store, in-process, on a socket that survives restarts.
+// lbdServer is lbd's real API, store and reconciler, in-process, on a socket that
+// survives restarts. The reconciler programs an in-memory datapath, so services become
+// READY (or NO_BACKENDS) as in a real lbd.
 type lbdServer struct {
 	t      *testing.T
 	sock   string
+	limits store.Limits
 	g      *grpc.Server
 	st     *store.Store
+	stopDP func()
 	client lbdv1.LoadBalancerServiceClient
 }
 
-func startLbd(t *testing.T) *lbdServer {
+func startLbd(t *testing.T, lim store.Limits) *lbdServer {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "lbdk8s-")
 	if err != nil {
 		t.Fatalf("socket dir: %v", err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	s := &lbdServer{t: t, sock: filepath.Join(dir, "lbd.sock")}
+	s := &lbdServer{t: t, sock: filepath.Join(dir, "lbd.sock"), limits: lim}
 	conn, err := controller.DialLbd("unix://" + s.sock)
 	if err != nil {
 		t.Fatalf("dial lbd: %v", err)
@@ -223,7 +242,7 @@ func startLbd(t *testing.T) *lbdServer {
 // start serves the API with an empty state, as an lbd that lost its state would.
 func (s *lbdServer) start() {
 	s.t.Helper()
-	st, err := store.Open(store.Options{Path: filepath.Join(s.t.TempDir(), "state.pb"), Limits: store.DefaultLimits()})
+	st, err := store.Open(store.Options{Path: filepath.Join(s.t.TempDir(), "state.pb"), Limits: s.limits})
 	if err != nil {
 		s.t.Fatalf("open store: %v", err)
 	}
@@ -235,7 +254,14 @@ func (s *lbdServer) start() {
 	g := grpc.NewServer()
 	api.New(api.Options{Store: st, Version: "test"}).Register(g)
 	go func() { _ = g.Serve(ln) }() // returns on Stop
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = reconcile.New(st, reconcile.NewFake(), nil).Run(ctx)
+	}()
 	s.g, s.st = g, st
+	s.stopDP = func() { cancel(); <-done }
 }
 
 func (s *lbdServer) stop() {
@@ -243,6 +269,7 @@ func (s *lbdServer) stop() {
 		return
 	}
 	s.g.Stop()
+	s.stopDP()
 	s.st.Close()
 	s.g, s.st = nil, nil
 }
@@ -366,15 +393,20 @@ func (e *env) createService(name string, typ corev1.ServiceType, opts ...svcSpec
 	return created
 }
 
-// updateService reads, edits and writes a Service (spec and metadata).
+// updateService reads, edits and writes a Service (spec and metadata), again if the
+// adapter wrote its status in between, as kubectl edit would be retried.
 func (e *env) updateService(name string, edit svcSpec) {
 	e.t.Helper()
-	s, err := e.kube.CoreV1().Services(e.ns).Get(e.ctx, name, metav1.GetOptions{})
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		s, err := e.kube.CoreV1().Services(e.ns).Get(e.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		edit(s)
+		_, err = e.kube.CoreV1().Services(e.ns).Update(e.ctx, s, metav1.UpdateOptions{})
+		return err
+	})
 	if err != nil {
-		e.t.Fatalf("get service %s: %v", name, err)
-	}
-	edit(s)
-	if _, err := e.kube.CoreV1().Services(e.ns).Update(e.ctx, s, metav1.UpdateOptions{}); err != nil {
 		e.t.Fatalf("update service %s: %v", name, err)
 	}
 }
@@ -382,15 +414,19 @@ func (e *env) updateService(name string, edit svcSpec) {
 // setIngress writes status.loadBalancer.ingress, as another allocator (or a cloud) would.
 func (e *env) setIngress(name string, ips ...string) {
 	e.t.Helper()
-	s, err := e.kube.CoreV1().Services(e.ns).Get(e.ctx, name, metav1.GetOptions{})
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		s, err := e.kube.CoreV1().Services(e.ns).Get(e.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		s.Status.LoadBalancer.Ingress = nil
+		for _, ip := range ips {
+			s.Status.LoadBalancer.Ingress = append(s.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: ip})
+		}
+		_, err = e.kube.CoreV1().Services(e.ns).UpdateStatus(e.ctx, s, metav1.UpdateOptions{})
+		return err
+	})
 	if err != nil {
-		e.t.Fatalf("get service %s: %v", name, err)
-	}
-	s.Status.LoadBalancer.Ingress = nil
-	for _, ip := range ips {
-		s.Status.LoadBalancer.Ingress = append(s.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: ip})
-	}
-	if _, err := e.kube.CoreV1().Services(e.ns).UpdateStatus(e.ctx, s, metav1.UpdateOptions{}); err != nil {
 		e.t.Fatalf("set ingress of %s: %v", name, err)
 	}
 }
@@ -504,3 +540,38 @@ func deleteReq(name string) *lbdv1.DeleteServiceRequest {
 func createReq(name, vip string) *lbdv1.CreateServiceRequest {
 	return &lbdv1.CreateServiceRequest{Service: &lbdv1.Service{Name: name, Vip: vip, Port: 80, Protocol: lbdv1.Protocol_PROTOCOL_TCP}}
 }
+
+// conditions returns "type=status reason: message" of a Service's conditions, sorted.
+func (e *env) conditions(name string) []string {
+	s, err := e.kube.CoreV1().Services(e.ns).Get(e.ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return []string{"error: " + err.Error()}
+	}
+	out := []string{}
+	for _, c := range s.Status.Conditions {
+		out = append(out, fmt.Sprintf("%s=%s %s: %s", c.Type, c.Status, c.Reason, c.Message))
+	}
+	sort.Strings(out)
+	return out
+}
+
+// kubectl runs the test binaries' kubectl against the cluster in the test's namespace,
+// skipping the test if there is none.
+func (e *env) kubectl(args ...string) string {
+	e.t.Helper()
+	if why := k8stest.MissingKubectl(); why != "" {
+		e.t.Skip(why)
+	}
+	kubeconfig := filepath.Join(e.t.TempDir(), "kubeconfig")
+	if err := cluster.WriteKubeconfig(kubeconfig); err != nil {
+		e.t.Fatal(err)
+	}
+	cmd := exec.Command(k8stest.Kubectl(), append([]string{"--kubeconfig", kubeconfig, "--namespace", e.ns}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		e.t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+func yamlConfig(c *config.Config) ([]byte, error) { return yaml.Marshal(c) }

@@ -28,8 +28,8 @@ func TestServicesAndEndpoints(t *testing.T) {
 		"web/http/tcp/203.0.113.10 203.0.113.10:80 TCP [198.18.10.1:8080@198.18.1.1 198.18.10.2:8080@198.18.1.2]")
 
 	e.putSlice("web-1", "web", "http", 8080, ready("198.18.10.1", n1), notReady("198.18.10.2", n2))
-	e.expect("endpoint 2 not ready",
-		"web/http/tcp/203.0.113.10 203.0.113.10:80 TCP [198.18.10.1:8080@198.18.1.1]")
+	e.expect("endpoint 2 not ready: it drains",
+		"web/http/tcp/203.0.113.10 203.0.113.10:80 TCP [198.18.10.1:8080@198.18.1.1 198.18.10.2:8080@198.18.1.2(draining)]")
 
 	e.putSlice("web-1", "web", "http", 8080, ready("198.18.10.1", n1), ready("198.18.10.2", n2))
 	e.expect("endpoint 2 ready again",
@@ -37,9 +37,10 @@ func TestServicesAndEndpoints(t *testing.T) {
 
 	e.putSlice("web-1", "web", "http", 8080, terminating("198.18.10.1", n1, true), notReady("198.18.10.2", n2))
 	e.expect("no ready endpoint: the serving terminating one takes new flows",
-		"web/http/tcp/203.0.113.10 203.0.113.10:80 TCP [198.18.10.1:8080@198.18.1.1]")
+		"web/http/tcp/203.0.113.10 203.0.113.10:80 TCP [198.18.10.1:8080@198.18.1.1 198.18.10.2:8080@198.18.1.2(draining)]")
 
 	// A second slice brings a ready endpoint: the terminating one drains.
+	e.putSlice("web-1", "web", "http", 8080, terminating("198.18.10.1", n1, true))
 	e.putSlice("web-2", "web", "http", 8080, ready("198.18.10.3", ""))
 	e.expect("ready endpoint in a second slice, terminating one drains",
 		"web/http/tcp/203.0.113.10 203.0.113.10:80 TCP [198.18.10.1:8080@198.18.1.1(draining) 198.18.10.3:8080@198.18.10.3]")
@@ -336,4 +337,33 @@ func TestForeignFrontend(t *testing.T) {
 			return strings.HasPrefix(s, "Warning FrontendConflict") && strings.Contains(s, "operator-web")
 		}), strings.Join(evs, "; ")
 	})
+}
+
+// TestStatusConditionsAndEvents follows one Service from creation to being served and
+// checks what `kubectl describe svc` and its conditions tell the operator.
+func TestStatusConditionsAndEvents(t *testing.T) {
+	e := newEnv(t)
+	e.startAdapter(e.config(config.Pool{Name: "p", Addresses: []string{"203.0.113.120/30"}}), "a1")
+	e.createService("web", corev1.ServiceTypeLoadBalancer)
+	e.putSlice("web-1", "web", "http", 8080, ready("198.18.10.1", ""))
+	e.eventually("conditions", func() (bool, string) {
+		got := e.conditions("web")
+		want := []string{
+			"lbd-dev.github.io/Accepted=True Accepted: every port, VIP and endpoint is served as asked",
+			"lbd-dev.github.io/IPAllocated=True IPAllocated: assigned 203.0.113.120",
+			"lbd-dev.github.io/Programmed=True Programmed: lbd on a1 has programmed 1 VIP × port: http/tcp/203.0.113.120",
+		}
+		return strings.Join(got, "\n") == strings.Join(want, "\n"), strings.Join(got, "; ")
+	})
+	e.eventually("events", func() (bool, string) {
+		evs := e.events("web")
+		return slices.Contains(evs, "Normal IPAllocated: assigned 203.0.113.120") &&
+			slices.Contains(evs, "Normal Programmed: lbd on a1 serves http/tcp/203.0.113.120"), strings.Join(evs, "; ")
+	})
+	out := e.kubectl("describe", "service", "web")
+	for _, want := range []string{"IPAllocated", "assigned 203.0.113.120", "Programmed", "lbd on a1 serves http/tcp/203.0.113.120"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("kubectl describe service web does not say %q:\n%s", want, out)
+		}
+	}
 }

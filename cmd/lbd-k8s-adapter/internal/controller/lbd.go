@@ -2,16 +2,24 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"regexp"
+	"strconv"
 	"time"
 
 	"github.com/lbd-dev/lbd/cmd/lbd-k8s-adapter/internal/translate"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 )
+
+// lbdCallTimeout bounds one call to lbd: a hung lbd must not wedge the adapter.
+const lbdCallTimeout = 30 * time.Second
 
 // DialLbd connects to lbd's API (a Unix socket: the adapter is lbd's sidecar). The
 // connection is lazy and redials by itself; its backoff is capped low so that a restarted
@@ -38,6 +46,8 @@ type lbdSink struct {
 // taken lists what other owners hold in lbd, so that a clash with them costs one Service,
 // not the whole all-or-nothing apply.
 func (l *lbdSink) taken(ctx context.Context) (translate.Taken, error) {
+	ctx, cancel := context.WithTimeout(ctx, lbdCallTimeout)
+	defer cancel()
 	resp, err := l.client.ListServices(ctx, &lbdv1.ListServicesRequest{})
 	if err != nil {
 		return translate.Taken{}, fmt.Errorf("list lbd services: %w", err)
@@ -56,6 +66,8 @@ func (l *lbdSink) taken(ctx context.Context) (translate.Taken, error) {
 }
 
 func (l *lbdSink) apply(ctx context.Context, svcs []*lbdv1.Service) (*lbdv1.ApplyServicesResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, lbdCallTimeout)
+	defer cancel()
 	resp, err := l.client.ApplyServices(ctx, &lbdv1.ApplyServicesRequest{Owner: l.owner, Services: svcs})
 	if err != nil {
 		return nil, fmt.Errorf("apply %d services to lbd: %w", len(svcs), err)
@@ -63,11 +75,76 @@ func (l *lbdSink) apply(ctx context.Context, svcs []*lbdv1.Service) (*lbdv1.Appl
 	return resp, nil
 }
 
-// watch follows lbd's services of our owner and calls changed after every (re)connection
-// and on every change: a restarted lbd (whose state may be lost or old) and an operator's
-// edit of our services are both repaired by the next apply. It returns when ctx is done;
-// lbd being down only makes it wait.
-func (l *lbdSink) watch(ctx context.Context, changed func()) {
+// rejectedFieldRE reads the field lbd names in an error about one service of an apply:
+// "services[3].backends[1].address: ..." (lbd's errors start with the request field).
+var rejectedFieldRE = regexp.MustCompile(`^services\[(\d+)\](?:\.backends\[(\d+)\])?(\S*): (.*)$`)
+
+// rejection is what lbd refused in an apply: one service, or one backend of it.
+type rejection struct {
+	service int
+	backend int // -1: the whole service
+	field   string
+	msg     string
+}
+
+// rejected reads which service (and backend) of svcs an apply error is about; ok is false
+// for an error about the request as a whole, or one that lbd did not answer.
+func rejected(err error, svcs []*lbdv1.Service) (rejection, bool) {
+	st, ok := grpcStatus(err)
+	if !ok {
+		return rejection{}, false
+	}
+	switch st.Code() {
+	case codes.InvalidArgument, codes.AlreadyExists, codes.FailedPrecondition:
+	default:
+		return rejection{}, false
+	}
+	m := rejectedFieldRE.FindStringSubmatch(st.Message())
+	if m == nil {
+		return rejection{}, false
+	}
+	r := rejection{backend: -1, msg: m[4]}
+	r.service, _ = strconv.Atoi(m[1])
+	if r.service >= len(svcs) {
+		return rejection{}, false
+	}
+	r.field = m[3]
+	if m[2] != "" {
+		b, _ := strconv.Atoi(m[2])
+		if b >= len(svcs[r.service].Backends) {
+			return rejection{}, false
+		}
+		r.backend = b
+		r.field = fmt.Sprintf("backends[%d]%s", b, m[3])
+	}
+	r.field = trimDot(r.field)
+	return r, true
+}
+
+func trimDot(s string) string {
+	if len(s) > 0 && s[0] == '.' {
+		return s[1:]
+	}
+	return s
+}
+
+// grpcStatus is lbd's status inside err's chain (status.FromError of a wrapped error
+// would put the whole chain's text in the message).
+func grpcStatus(err error) (*status.Status, bool) {
+	var se interface{ GRPCStatus() *status.Status }
+	if !errors.As(err, &se) {
+		return nil, false
+	}
+	return se.GRPCStatus(), true
+}
+
+// watch follows lbd's services of our owner. It calls specChanged after every
+// (re)connection and whenever a service's spec changed, so a restarted lbd (whose state
+// may be lost or old) and an operator's edit of our services are both repaired by the next
+// apply, and it keeps each service's status in st (calling statusChanged), which the
+// conditions and Events report. It returns when ctx is done; lbd being down only makes it
+// wait.
+func (l *lbdSink) watch(ctx context.Context, st *state, specChanged, statusChanged func()) {
 	wait := time.Duration(0)
 	for ctx.Err() == nil {
 		if wait > 0 {
@@ -77,7 +154,7 @@ func (l *lbdSink) watch(ctx context.Context, changed func()) {
 			case <-time.After(wait):
 			}
 		}
-		err := l.watchOnce(ctx, changed)
+		err := l.watchOnce(ctx, st, specChanged, statusChanged)
 		if ctx.Err() != nil {
 			return
 		}
@@ -86,7 +163,7 @@ func (l *lbdSink) watch(ctx context.Context, changed func()) {
 	}
 }
 
-func (l *lbdSink) watchOnce(ctx context.Context, changed func()) error {
+func (l *lbdSink) watchOnce(ctx context.Context, st *state, specChanged, statusChanged func()) error {
 	// WaitForReady blocks until lbd is reachable instead of failing at once.
 	stream, err := l.client.WatchServices(ctx, &lbdv1.WatchServicesRequest{Owner: l.owner}, grpc.WaitForReady(true))
 	if err != nil {
@@ -96,6 +173,7 @@ func (l *lbdSink) watchOnce(ctx context.Context, changed func()) error {
 	// Spec revisions seen: a MODIFIED event with the same revision is a status change
 	// (health, programming), which an apply would not alter.
 	revisions := map[string]uint64{}
+	statuses := map[string]*lbdv1.ServiceStatus{}
 	for {
 		ev, err := stream.Recv()
 		if err != nil {
@@ -105,19 +183,31 @@ func (l *lbdSink) watchOnce(ctx context.Context, changed func()) error {
 		case lbdv1.WatchEventType_WATCH_EVENT_TYPE_SYNCED:
 			synced = true
 			l.log.Info("lbd connected", "op", "watch")
-			changed()
+			st.setLbd(statuses)
+			specChanged()
+			statusChanged()
 			continue
 		case lbdv1.WatchEventType_WATCH_EVENT_TYPE_DELETED:
-			delete(revisions, ev.Service.GetName())
+			name := ev.Service.GetName()
+			delete(revisions, name)
+			delete(statuses, name)
+			if synced {
+				st.setLbdService(name, nil)
+			}
 		default:
 			name, rev := ev.Service.GetName(), ev.Service.GetRevision()
+			statuses[name] = ev.Service.GetStatus()
+			if synced {
+				st.setLbdService(name, ev.Service.GetStatus())
+				statusChanged()
+			}
 			if old, seen := revisions[name]; seen && old == rev {
 				continue
 			}
 			revisions[name] = rev
 		}
 		if synced {
-			changed()
+			specChanged()
 		}
 	}
 }

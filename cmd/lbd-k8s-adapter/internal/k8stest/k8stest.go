@@ -64,6 +64,9 @@ func missing(bins ...string) string {
 	return ""
 }
 
+// ServiceCIDRs are the test apiserver's cluster IP ranges, IPv4 first.
+const ServiceCIDRs = "10.0.0.0/16,fd00:10:96::/108"
+
 // Cluster is a running apiserver and etcd.
 type Cluster struct {
 	Config *rest.Config
@@ -81,11 +84,12 @@ func Start() (*Cluster, error) {
 	env := &envtest.Environment{BinaryAssetsDirectory: AssetsDir()}
 	api := env.ControlPlane.GetAPIServer()
 	// No controllers run, so the apiserver must not expect any: no endpoint reconciler,
-	// and a Service range that does not run out (a /24 does after ~250 Services).
+	// and Service ranges that do not run out (a /24 does after ~250 Services), of both
+	// families so that dual-stack Services can be created.
 	api.Configure().
 		Set("advertise-address", "127.0.0.1").
 		Set("endpoint-reconciler-type", "none").
-		Set("service-cluster-ip-range", "10.0.0.0/16")
+		Set("service-cluster-ip-range", ServiceCIDRs)
 	cfg, err := env.Start()
 	if err != nil {
 		return nil, fmt.Errorf("start test cluster: %w", err)
