@@ -156,6 +156,18 @@ func (c *controller) addHandlers(svcInf, sliceInf, nodeInf cache.SharedIndexInfo
 			c.status.runner.Trigger()
 		}
 	}
+	onServiceUpdate := func(o, n any) {
+		old, ok1 := o.(*corev1.Service)
+		svc, ok2 := n.(*corev1.Service)
+		if ok1 && ok2 && !translate.InputsDiffer(old, svc) {
+			// Only status the translation does not read changed, most often the
+			// conditions this adapter wrote: no sync, but the status writer looks again
+			// (someone else may have written).
+			c.status.runner.Trigger()
+			return
+		}
+		onService(n)
+	}
 	onSlice := func(obj any) {
 		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 			obj = d.Obj
@@ -175,7 +187,7 @@ func (c *controller) addHandlers(svcInf, sliceInf, nodeInf cache.SharedIndexInfo
 		inf cache.SharedIndexInformer
 		h   cache.ResourceEventHandler
 	}{
-		{svcInf, cache.ResourceEventHandlerFuncs{AddFunc: onService, UpdateFunc: func(_, n any) { onService(n) }, DeleteFunc: onService}},
+		{svcInf, cache.ResourceEventHandlerFuncs{AddFunc: onService, UpdateFunc: onServiceUpdate, DeleteFunc: onService}},
 		// A slice moved to another Service (its label changed) affects both.
 		{sliceInf, cache.ResourceEventHandlerFuncs{AddFunc: onSlice, UpdateFunc: func(o, n any) { onSlice(o); onSlice(n) }, DeleteFunc: onSlice}},
 		{nodeInf, cache.ResourceEventHandlerFuncs{

@@ -5,6 +5,7 @@ package translate
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 )
 
 // LabelServiceProxyName is the label by which a Service asks for a specific service proxy;
@@ -171,6 +173,15 @@ func Service(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, nodes N
 	}
 	slices.SortFunc(res.Services, func(a, b *lbdv1.Service) int { return strings.Compare(a.Name, b.Name) })
 	return res
+}
+
+// InputsDiffer reports whether two versions of a Service may translate differently: they
+// differ in what Service reads (spec, labels, annotations, status ingress), not only in
+// the rest of the status, such as conditions.
+func InputsDiffer(a, b *corev1.Service) bool {
+	return !equality.Semantic.DeepEqual(a.Spec, b.Spec) ||
+		!maps.Equal(a.Labels, b.Labels) || !maps.Equal(a.Annotations, b.Annotations) ||
+		!equality.Semantic.DeepEqual(a.Status.LoadBalancer, b.Status.LoadBalancer)
 }
 
 // ServiceName is the lbd service name of one port and VIP of a Service:

@@ -575,3 +575,26 @@ func TestServiceKeyVIP(t *testing.T) {
 		t.Error("ServiceKeyVIP accepted a name the adapter does not make")
 	}
 }
+
+func TestInputsDiffer(t *testing.T) {
+	a := lbService([]string{"203.0.113.10"})
+	for name, tc := range map[string]struct {
+		edit func(*corev1.Service)
+		want bool
+	}{
+		"conditions only": {func(s *corev1.Service) {
+			s.Status.Conditions = []metav1.Condition{{Type: "x", Status: metav1.ConditionTrue}}
+			s.ResourceVersion = "2"
+		}, false},
+		"ingress":    {func(s *corev1.Service) { s.Status.LoadBalancer.Ingress = nil }, true},
+		"spec":       {func(s *corev1.Service) { s.Spec.Ports[0].Port = 81 }, true},
+		"annotation": {func(s *corev1.Service) { s.Annotations = map[string]string{"a": "b"} }, true},
+		"label":      {func(s *corev1.Service) { s.Labels = map[string]string{"a": "b"} }, true},
+	} {
+		b := a.DeepCopy()
+		tc.edit(b)
+		if got := InputsDiffer(a, b); got != tc.want {
+			t.Errorf("%s: InputsDiffer = %v, want %v", name, got, tc.want)
+		}
+	}
+}
