@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -40,7 +41,7 @@ func k8sAssetsDir() string {
 // adapterBin returns the path of lbd-k8s-adapter next to the lbd binary the testbed
 // runs, skipping the test when it is not there (only `make build` builds it; the
 // testbed's own fallback build makes lbd and lbctl alone).
-func adapterBin(t *testing.T, lbdBin string) string {
+func adapterBin(t testing.TB, lbdBin string) string {
 	t.Helper()
 	bin := filepath.Join(filepath.Dir(lbdBin), "lbd-k8s-adapter")
 	if _, err := os.Stat(bin); err != nil {
@@ -52,6 +53,7 @@ func adapterBin(t *testing.T, lbdBin string) string {
 // kubeCluster is a real kube-apiserver and etcd started by the test, in the host's
 // network namespace: the adapters run there too.
 type kubeCluster struct {
+	config     *rest.Config
 	client     kubernetes.Interface
 	kubeconfig string // admin kubeconfig file for the adapters
 }
@@ -59,7 +61,7 @@ type kubeCluster struct {
 // startKube starts kube-apiserver and etcd with envtest, which never downloads anything
 // when given the binaries' directory. Without the binaries the test skips. They are
 // stopped (by envtest, by PID) and their data removed when the test ends.
-func startKube(t *testing.T, dir string) *kubeCluster {
+func startKube(t testing.TB, dir string) *kubeCluster {
 	t.Helper()
 	assets := k8sAssetsDir()
 	for _, bin := range []string{"kube-apiserver", "etcd"} {
@@ -72,11 +74,11 @@ func startKube(t *testing.T, dir string) *kubeCluster {
 	ctrllog.SetLogger(logr.Discard())
 	env := &envtest.Environment{BinaryAssetsDirectory: assets}
 	// No controllers run: the apiserver must not expect an endpoint reconciler, and
-	// needs a Service range of its own (TESTBED.md).
+	// needs Service ranges of its own (TESTBED.md), of both families for IPv6 Services.
 	env.ControlPlane.GetAPIServer().Configure().
 		Set("advertise-address", "127.0.0.1").
 		Set("endpoint-reconciler-type", "none").
-		Set("service-cluster-ip-range", "10.0.0.0/16")
+		Set("service-cluster-ip-range", "10.0.0.0/16,fd00:10:96::/108")
 	cfg, err := env.Start()
 	if err != nil {
 		t.Fatalf("start kube-apiserver and etcd: %v", err)
@@ -99,12 +101,12 @@ func startKube(t *testing.T, dir string) *kubeCluster {
 	if err := clientcmd.WriteToFile(*kc, path); err != nil {
 		t.Fatalf("write kubeconfig: %v", err)
 	}
-	return &kubeCluster{client: client, kubeconfig: path}
+	return &kubeCluster{config: cfg, client: client, kubeconfig: path}
 }
 
 // createNamespace creates a namespace. No namespace controller runs, so nothing in it is
 // ever garbage-collected: the apiserver's data goes away with the test.
-func (k *kubeCluster) createNamespace(t *testing.T, name string) {
+func (k *kubeCluster) createNamespace(t testing.TB, name string) {
 	t.Helper()
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
 	if _, err := k.client.CoreV1().Namespaces().Create(context.Background(), ns, metav1.CreateOptions{}); err != nil {
