@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -87,8 +88,14 @@ func get(v any, path ...any) any {
 
 // containers returns a DaemonSet's containers by name.
 func containers(ds k8sObject) map[string]map[string]any {
+	return podContainers(ds, "containers")
+}
+
+// podContainers returns the containers of a DaemonSet's pod list field ("containers",
+// "initContainers") by name.
+func podContainers(ds k8sObject, field string) map[string]map[string]any {
 	out := map[string]map[string]any{}
-	l, _ := get(map[string]any(ds), "spec", "template", "spec", "containers").([]any)
+	l, _ := get(map[string]any(ds), "spec", "template", "spec", field).([]any)
 	for _, c := range l {
 		m, _ := c.(map[string]any)
 		out[fmt.Sprint(m["name"])] = m
@@ -114,7 +121,9 @@ func renderChart(t *testing.T) map[string]k8sObject {
 
 // TestHelmChart lints and renders the chart and checks what it deploys: both
 // DaemonSets probe lbd's /readyz and /healthz where the rendered configuration puts its
-// metrics listener, and lbd and the adapter accept the rendered configurations.
+// metrics listener, the adapter's probes go to its healthListen, and lbd and the adapter
+// accept the rendered configurations (the LB nodes' lbd.yaml as the node-config init
+// container renders it for a node).
 func TestHelmChart(t *testing.T) {
 	objs := renderChart(t)
 	for _, ds := range []string{"lbd-lb", "lbd-backend"} {
@@ -131,6 +140,9 @@ func TestHelmChart(t *testing.T) {
 				t.Errorf("the config volume mounts ConfigMap %v, want %s", name, ds)
 			}
 			lbdYAML, _ := get(map[string]any(cm), "data", "lbd.yaml").(string)
+			if tmpl, ok := get(map[string]any(cm), "data", "lbd.yaml.tmpl").(string); ok {
+				lbdYAML = renderNodeConfig(t, tmpl)
+			}
 			var cfg struct {
 				MetricsListen string   `json:"metrics_listen"`
 				Roles         []string `json:"roles"`
@@ -165,10 +177,58 @@ func TestHelmChart(t *testing.T) {
 					t.Fatal(err)
 				}
 				runExecStart(t, "lbd-k8s-adapter", []string{"--config", afile, "--kubeconfig", filepath.Join(t.TempDir(), "absent")})
+				checkAdapterProbes(t, containers(d)["k8s-adapter"], adapterYAML)
 			} else if ds == "lbd-lb" {
 				t.Error("ConfigMap lbd-lb has no k8s-adapter.yaml")
 			}
 		})
+	}
+}
+
+// renderNodeConfig renders an lbd configuration template the way the node-config init
+// container does, for a node with an address of each family.
+func renderNodeConfig(t *testing.T, tmpl string) string {
+	t.Helper()
+	dir := t.TempDir()
+	in, out := filepath.Join(dir, "lbd.yaml.tmpl"), filepath.Join(dir, "lbd.yaml")
+	if err := os.WriteFile(in, []byte(tmpl), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(binDir, "lbd-k8s-adapter"), "node-config", "--template", in, "--out", out)
+	cmd.Env = append(os.Environ(), "NODE_NAME=edge-1", "NODE_IPS=198.18.0.11,2001:db8:f::11")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("lbd-k8s-adapter node-config: %v\n%s", err, b)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "router_id: 198.18.0.11") {
+		t.Errorf("the rendered lbd.yaml has no router_id of the node:\n%s", b)
+	}
+	return string(b)
+}
+
+// checkAdapterProbes checks that the adapter container probes /readyz and /healthz
+// where its configuration's healthListen listens.
+func checkAdapterProbes(t *testing.T, c map[string]any, adapterYAML string) {
+	t.Helper()
+	var cfg struct {
+		HealthListen string `json:"healthListen"`
+	}
+	if err := yaml.Unmarshal([]byte(adapterYAML), &cfg); err != nil {
+		t.Fatalf("k8s-adapter.yaml: %v", err)
+	}
+	host, port, err := net.SplitHostPort(cfg.HealthListen)
+	if err != nil {
+		t.Fatalf("k8s-adapter.yaml: healthListen %q: %v", cfg.HealthListen, err)
+	}
+	for probe, path := range map[string]string{"readinessProbe": "/readyz", "livenessProbe": "/healthz"} {
+		g := get(c, probe, "httpGet")
+		want := map[string]any{"host": host, "path": path, "port": mustAtoi(t, port)}
+		if !reflect.DeepEqual(normalize(g), normalize(want)) {
+			t.Errorf("k8s-adapter %s: %v, want an HTTP GET of %v", probe, g, want)
+		}
 	}
 }
 
@@ -238,7 +298,7 @@ func TestHelmChartMatchesExamples(t *testing.T) {
 func compareDaemonSets(t *testing.T, key string, ex, ch k8sObject) {
 	t.Helper()
 	pod := func(o k8sObject, f string) any { return get(map[string]any(o), "spec", "template", "spec", f) }
-	for _, f := range []string{"hostNetwork", "dnsPolicy", "nodeSelector", "affinity", "serviceAccountName", "volumes", "initContainers"} {
+	for _, f := range []string{"hostNetwork", "dnsPolicy", "nodeSelector", "affinity", "serviceAccountName", "volumes"} {
 		if !reflect.DeepEqual(pod(ex, f), pod(ch, f)) {
 			t.Errorf("%s: spec.template.spec.%s differ:\nexamples: %v\nchart:    %v", key, f, pod(ex, f), pod(ch, f))
 		}
@@ -246,22 +306,24 @@ func compareDaemonSets(t *testing.T, key string, ex, ch k8sObject) {
 	if !reflect.DeepEqual(get(map[string]any(ex), "spec", "selector"), get(map[string]any(ch), "spec", "selector")) {
 		t.Errorf("%s: selectors differ", key)
 	}
-	exC, chC := containers(ex), containers(ch)
-	if len(exC) != len(chC) {
-		t.Errorf("%s: containers %v in the examples, %v in the chart", key, keys(exC), keys(chC))
-	}
-	for name, e := range exC {
-		c, ok := chC[name]
-		if !ok {
-			t.Errorf("%s: the chart has no container %s", key, name)
-			continue
+	for _, list := range []string{"initContainers", "containers"} {
+		exC, chC := podContainers(ex, list), podContainers(ch, list)
+		if len(exC) != len(chC) {
+			t.Errorf("%s: %s %v in the examples, %v in the chart", key, list, keys(exC), keys(chC))
 		}
-		for f, v := range e {
-			if f == "image" {
-				continue // the chart's comes from its values
+		for name, e := range exC {
+			c, ok := chC[name]
+			if !ok {
+				t.Errorf("%s: the chart has no %s entry %s", key, list, name)
+				continue
 			}
-			if !reflect.DeepEqual(normalize(v), normalize(c[f])) {
-				t.Errorf("%s container %s: %s differs:\nexamples: %v\nchart:    %v", key, name, f, v, c[f])
+			for f, v := range e {
+				if f == "image" {
+					continue // the chart's comes from its values
+				}
+				if !reflect.DeepEqual(normalize(v), normalize(c[f])) {
+					t.Errorf("%s container %s: %s differs:\nexamples: %v\nchart:    %v", key, name, f, v, c[f])
+				}
 			}
 		}
 	}

@@ -17,7 +17,13 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- toYaml (mergeOverwrite (deepCopy .config) $fixed) -}}
 {{- end -}}
 
-{{/* The lbd container of a DaemonSet, with its probes. */}}
+{{/* An HTTP GET probe of the host's loopback: port, path, the values' timing. */}}
+{{- define "lbd.probe" -}}
+httpGet: {host: 127.0.0.1, port: {{ .port }}, path: {{ .path }}}
+{{ toYaml .timing }}
+{{- end -}}
+
+{{/* The lbd container of a DaemonSet, with its probes; configVolume holds lbd.yaml. */}}
 {{- define "lbd.container" -}}
 - name: lbd
   image: {{ include "lbd.image" .root }}
@@ -26,17 +32,15 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
   securityContext:
     privileged: true
   readinessProbe:
-    httpGet: {host: 127.0.0.1, port: {{ .root.Values.metricsPort }}, path: /readyz}
-    {{- toYaml .root.Values.probes.readiness | nindent 4 }}
+    {{- include "lbd.probe" (dict "port" .root.Values.metricsPort "path" "/readyz" "timing" .root.Values.probes.readiness) | nindent 4 }}
   livenessProbe:
-    httpGet: {host: 127.0.0.1, port: {{ .root.Values.metricsPort }}, path: /healthz}
-    {{- toYaml .root.Values.probes.liveness | nindent 4 }}
+    {{- include "lbd.probe" (dict "port" .root.Values.metricsPort "path" "/healthz" "timing" .root.Values.probes.liveness) | nindent 4 }}
   {{- with .resources }}
   resources:
     {{- toYaml . | nindent 4 }}
   {{- end }}
   volumeMounts:
-    - {name: config, mountPath: /etc/lbd, readOnly: true}
+    - {name: {{ .configVolume }}, mountPath: /etc/lbd, readOnly: true}
     - {name: run, mountPath: /run/lbd}
     - {name: state, mountPath: /var/lib/lbd}
     - {name: bpffs, mountPath: /sys/fs/bpf}
