@@ -3,6 +3,7 @@
 package lbxdp
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/cilium/ebpf"
@@ -101,15 +102,75 @@ func (d *Datapath) BackendCounters(backendID uint32) (Counters, error) {
 	return c, nil
 }
 
+// counterBatch is how many IDs one batch lookup reads: 4096 × 24 bytes per CPU.
+const counterBatch = 4096
+
+// readCounters reads the per-CPU counters of IDs 0..n-1 of an array map in batches (a
+// few system calls instead of one per ID) and sums them over CPUs; the result is
+// indexed by ID.
+func readCounters(m *ebpf.Map, n uint32) ([]Counters, error) {
+	n = min(n, m.MaxEntries())
+	ncpu, err := ebpf.PossibleCPU()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Counters, n)
+	keys := make([]uint32, min(n, counterBatch))
+	vals := make([]lbxdpLbCounter, len(keys)*ncpu)
+	var cursor ebpf.MapBatchCursor
+	for read := uint32(0); read < n; {
+		k := min(n-read, uint32(len(keys)))
+		got, err := m.BatchLookup(&cursor, keys[:k], vals[:int(k)*ncpu], nil)
+		for i, id := range keys[:got] {
+			if id >= n {
+				continue
+			}
+			var c Counters
+			for _, p := range vals[i*ncpu : (i+1)*ncpu] {
+				c.Packets += p.Packets
+				c.Bytes += p.Bytes
+				c.NewFlows += p.NewFlows
+			}
+			out[id] = c
+		}
+		read += uint32(got)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// AllServiceCounters returns the counters of service IDs 0..n-1, indexed by ID.
+func (d *Datapath) AllServiceCounters(n uint32) ([]Counters, error) {
+	c, err := readCounters(d.objs.LbSvcStats, n)
+	if err != nil {
+		return nil, fmt.Errorf("read service counters: %w", err)
+	}
+	return c, nil
+}
+
+// AllBackendCounters returns the counters of backend IDs 0..n-1, indexed by ID.
+func (d *Datapath) AllBackendCounters(n uint32) ([]Counters, error) {
+	c, err := readCounters(d.objs.LbBeStats, n)
+	if err != nil {
+		return nil, fmt.Errorf("read backend counters: %w", err)
+	}
+	return c, nil
+}
+
 // DropCounters returns packets and bytes dropped, per reason.
 func (d *Datapath) DropCounters() (map[DropReason]Counters, error) {
+	cs, err := readCounters(d.objs.LbDropStats, uint32(dropReasons))
+	if err != nil {
+		return nil, fmt.Errorf("read drop counters: %w", err)
+	}
 	out := make(map[DropReason]Counters, dropReasons)
 	for _, r := range DropReasons() {
-		c, err := sumPerCPU(d.objs.LbDropStats, uint32(r))
-		if err != nil {
-			return nil, fmt.Errorf("read drop counters %v: %w", r, err)
-		}
-		out[r] = c
+		out[r] = cs[r]
 	}
 	return out, nil
 }

@@ -6,6 +6,8 @@ import (
 	"bytes"
 	"testing"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/lbd-dev/lbd/internal/pktgen"
 )
 
@@ -91,5 +93,70 @@ func TestTrace(t *testing.T) {
 	}
 	if got := e.sendTo(t, pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 555, DstPort: 80}); got != beA {
 		t.Errorf("retransmitted SYN went to %v, want the entry's %v", got, beA)
+	}
+}
+
+// TestCountersBatch: the batch readers return, for every ID, what a lookup of that ID
+// returns, summed over CPUs, across more than one batch; and they see what the program
+// counted.
+func TestCountersBatch(t *testing.T) {
+	const services, backends = 300, 2*counterBatch + 7
+	e := newEnvWith(t, Options{ConntrackSize: 1024, MaxServices: services, MaxBackends: backends})
+	ncpu := ebpf.MustPossibleCPU()
+	want := make([]Counters, backends)
+	for id := uint32(1); id < backends; id += 37 {
+		per := make([]lbxdpLbCounter, ncpu)
+		for cpu := range per {
+			per[cpu] = lbxdpLbCounter{Packets: uint64(id) + uint64(cpu), Bytes: 1000 * uint64(id), NewFlows: uint64(cpu + 1)}
+			want[id].Packets += per[cpu].Packets
+			want[id].Bytes += per[cpu].Bytes
+			want[id].NewFlows += per[cpu].NewFlows
+		}
+		if err := e.d.objs.LbBeStats.Update(id, per, ebpf.UpdateAny); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := e.d.AllBackendCounters(backends)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != backends {
+		t.Fatalf("%d backend counters, want %d", len(got), backends)
+	}
+	for id := range uint32(backends) {
+		one, err := e.d.BackendCounters(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got[id] != want[id] || one != want[id] {
+			t.Fatalf("backend %d: batch %+v, lookup %+v, want %+v", id, got[id], one, want[id])
+		}
+	}
+	// Fewer IDs than the map holds: only those are read.
+	if part, err := e.d.AllBackendCounters(40); err != nil || len(part) != 40 || part[38] != want[38] {
+		t.Fatalf("first 40 backends: %d counters, [38] %+v, %v", len(part), part[38], err)
+	}
+
+	e.addBackend(t, backends-1, "198.18.20.1", 8080, "198.18.10.1")
+	e.addService(t, svcSetup{ServiceKey{vip4, 80, ProtoTCP}, Service{ID: services - 1}, []uint32{backends - 1}})
+	e.sendTo(t, pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 100, DstPort: 80})
+	e.sendTo(t, pktgen.Packet{Src: client4, Dst: vip4, SrcPort: 100, DstPort: 80, Flags: pktgen.ACK})
+	svc, err := e.d.AllServiceCounters(services)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := (Counters{Packets: 2, Bytes: 80, NewFlows: 1}); svc[services-1] != w {
+		t.Errorf("service %d: %+v, want %+v", services-1, svc[services-1], w)
+	}
+	be, err := e.d.AllBackendCounters(backends)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := want[backends-1]; be[backends-1] != (Counters{Packets: w.Packets + 2, Bytes: w.Bytes + 80, NewFlows: w.NewFlows + 1}) {
+		t.Errorf("backend %d after traffic: %+v, before %+v", backends-1, be[backends-1], w)
+	}
+	drops, err := e.d.DropCounters()
+	if err != nil || len(drops) != len(DropReasons()) {
+		t.Fatalf("drop counters: %v, %v", drops, err)
 	}
 }
