@@ -3,12 +3,10 @@
 package datapath
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"net/netip"
 	"runtime"
-	"slices"
 	"time"
 
 	"github.com/gopacket/gopacket"
@@ -308,59 +306,4 @@ func addrString(a netip.Addr) string {
 		return ""
 	}
 	return a.String()
-}
-
-// GetStats reads the per-service, per-backend and per-reason counters.
-func (m *Manager) GetStats(context.Context, *lbdv1.GetStatsRequest) (*lbdv1.GetStatsResponse, error) {
-	resp := &lbdv1.GetStatsResponse{}
-	if m.lb != nil {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		for id, p := range m.programmed {
-			c, err := m.lb.ServiceCounters(id)
-			if err != nil {
-				return nil, status.Errorf(codes.Internal, "read counters: %v", err)
-			}
-			ss := &lbdv1.ServiceStats{ServiceName: p.name, Packets: c.Packets, Bytes: c.Bytes, NewFlows: c.NewFlows}
-			for bid, k := range p.backendKeys {
-				bc, err := m.lb.BackendCounters(bid)
-				if err != nil {
-					return nil, status.Errorf(codes.Internal, "read counters: %v", err)
-				}
-				ss.Backends = append(ss.Backends, &lbdv1.BackendStats{Address: k.Addr().String(), Port: uint32(k.Port()), Packets: bc.Packets, Bytes: bc.Bytes, NewFlows: bc.NewFlows})
-			}
-			slices.SortFunc(ss.Backends, func(a, b *lbdv1.BackendStats) int {
-				return netip.MustParseAddr(a.Address).Compare(netip.MustParseAddr(b.Address))
-			})
-			resp.Services = append(resp.Services, ss)
-		}
-		slices.SortFunc(resp.Services, func(a, b *lbdv1.ServiceStats) int { return cmp.Compare(a.ServiceName, b.ServiceName) })
-		drops, err := m.lb.DropCounters()
-		if err != nil {
-			return nil, status.Errorf(codes.Internal, "read counters: %v", err)
-		}
-		for _, r := range lbxdp.DropReasons() {
-			resp.Reasons = append(resp.Reasons, &lbdv1.Counter{Name: r.CounterName(), Packets: drops[r].Packets, Bytes: drops[r].Bytes})
-		}
-		evs, err := m.lb.ConntrackEvents()
-		if err != nil {
-			return nil, status.Errorf(codes.Internal, "read counters: %v", err)
-		}
-		for _, e := range evs {
-			resp.ConntrackEvents = append(resp.ConntrackEvents, &lbdv1.EventCounter{Name: e.Event.String(), Count: e.Count})
-		}
-	}
-	if m.be != nil {
-		cs, err := m.be.Counters()
-		if err != nil {
-			return nil, status.Errorf(codes.Internal, "read counters: %v", err)
-		}
-		for _, c := range backendtc.AllCounters() {
-			resp.Reasons = append(resp.Reasons, &lbdv1.Counter{Name: "backend_" + c.String(), Packets: cs[c]})
-		}
-	}
-	if err := m.socketCounters(resp); err != nil {
-		return nil, status.Errorf(codes.Internal, "read counters: %v", err)
-	}
-	return resp, nil
 }

@@ -1668,7 +1668,18 @@ func (x *ListSocketTranslationsResponse) GetTruncated() bool {
 }
 
 type GetStatsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only the services whose name is one of these, or matches one of them where * stands
+	// for any run of characters ("payments/*"). Empty: every service. An exact name that
+	// no service on the node has is NOT_FOUND.
+	Services []string `protobuf:"bytes,1,rep,name=services,proto3" json:"services,omitempty"`
+	// The order of the services and of each service's backends: by name (the default), or
+	// by a counter, largest first (top talkers).
+	OrderBy StatsOrder `protobuf:"varint,2,opt,name=order_by,json=orderBy,proto3,enum=lbd.v1.StatsOrder" json:"order_by,omitempty"`
+	// At most this many services, after ordering; 0: all of them.
+	Limit uint32 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	// Leave the backends out: only the services' own counters.
+	OmitBackends  bool `protobuf:"varint,4,opt,name=omit_backends,json=omitBackends,proto3" json:"omit_backends,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1701,6 +1712,34 @@ func (x *GetStatsRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use GetStatsRequest.ProtoReflect.Descriptor instead.
 func (*GetStatsRequest) Descriptor() ([]byte, []int) {
 	return file_lbd_v1_api_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *GetStatsRequest) GetServices() []string {
+	if x != nil {
+		return x.Services
+	}
+	return nil
+}
+
+func (x *GetStatsRequest) GetOrderBy() StatsOrder {
+	if x != nil {
+		return x.OrderBy
+	}
+	return StatsOrder_STATS_ORDER_UNSPECIFIED
+}
+
+func (x *GetStatsRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *GetStatsRequest) GetOmitBackends() bool {
+	if x != nil {
+		return x.OmitBackends
+	}
+	return false
 }
 
 type GetStatsResponse struct {
@@ -2789,8 +2828,12 @@ const file_lbd_v1_api_proto_rawDesc = "" +
 	"\x05limit\x18\x03 \x01(\rR\x05limit\"}\n" +
 	"\x1eListSocketTranslationsResponse\x12=\n" +
 	"\ftranslations\x18\x01 \x03(\v2\x19.lbd.v1.SocketTranslationR\ftranslations\x12\x1c\n" +
-	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"\x11\n" +
-	"\x0fGetStatsRequest\"\xeb\x01\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"\x97\x01\n" +
+	"\x0fGetStatsRequest\x12\x1a\n" +
+	"\bservices\x18\x01 \x03(\tR\bservices\x12-\n" +
+	"\border_by\x18\x02 \x01(\x0e2\x12.lbd.v1.StatsOrderR\aorderBy\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\rR\x05limit\x12#\n" +
+	"\romit_backends\x18\x04 \x01(\bR\fomitBackends\"\xeb\x01\n" +
 	"\x10GetStatsResponse\x120\n" +
 	"\bservices\x18\x01 \x03(\v2\x14.lbd.v1.ServiceStatsR\bservices\x12)\n" +
 	"\areasons\x18\x02 \x03(\v2\x0f.lbd.v1.CounterR\areasons\x129\n" +
@@ -2953,13 +2996,14 @@ var file_lbd_v1_api_proto_goTypes = []any{
 	(Protocol)(0),                          // 59: lbd.v1.Protocol
 	(*Connection)(nil),                     // 60: lbd.v1.Connection
 	(*SocketTranslation)(nil),              // 61: lbd.v1.SocketTranslation
-	(*ServiceStats)(nil),                   // 62: lbd.v1.ServiceStats
-	(*Counter)(nil),                        // 63: lbd.v1.Counter
-	(*EventCounter)(nil),                   // 64: lbd.v1.EventCounter
-	(*BgpPeer)(nil),                        // 65: lbd.v1.BgpPeer
-	(*BgpRoute)(nil),                       // 66: lbd.v1.BgpRoute
-	(*Node)(nil),                           // 67: lbd.v1.Node
-	(*Drift)(nil),                          // 68: lbd.v1.Drift
+	(StatsOrder)(0),                        // 62: lbd.v1.StatsOrder
+	(*ServiceStats)(nil),                   // 63: lbd.v1.ServiceStats
+	(*Counter)(nil),                        // 64: lbd.v1.Counter
+	(*EventCounter)(nil),                   // 65: lbd.v1.EventCounter
+	(*BgpPeer)(nil),                        // 66: lbd.v1.BgpPeer
+	(*BgpRoute)(nil),                       // 67: lbd.v1.BgpRoute
+	(*Node)(nil),                           // 68: lbd.v1.Node
+	(*Drift)(nil),                          // 69: lbd.v1.Drift
 }
 var file_lbd_v1_api_proto_depIdxs = []int32{
 	55, // 0: lbd.v1.CreateServiceRequest.service:type_name -> lbd.v1.Service
@@ -2983,82 +3027,83 @@ var file_lbd_v1_api_proto_depIdxs = []int32{
 	56, // 18: lbd.v1.TraceFlowResponse.backend:type_name -> lbd.v1.Backend
 	60, // 19: lbd.v1.ListConnectionsResponse.connections:type_name -> lbd.v1.Connection
 	61, // 20: lbd.v1.ListSocketTranslationsResponse.translations:type_name -> lbd.v1.SocketTranslation
-	62, // 21: lbd.v1.GetStatsResponse.services:type_name -> lbd.v1.ServiceStats
-	63, // 22: lbd.v1.GetStatsResponse.reasons:type_name -> lbd.v1.Counter
-	64, // 23: lbd.v1.GetStatsResponse.socket_events:type_name -> lbd.v1.EventCounter
-	64, // 24: lbd.v1.GetStatsResponse.conntrack_events:type_name -> lbd.v1.EventCounter
-	65, // 25: lbd.v1.CreateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
-	65, // 26: lbd.v1.CreateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
-	65, // 27: lbd.v1.GetBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
-	65, // 28: lbd.v1.ListBgpPeersResponse.peers:type_name -> lbd.v1.BgpPeer
-	65, // 29: lbd.v1.UpdateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
-	65, // 30: lbd.v1.UpdateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
-	66, // 31: lbd.v1.ListBgpRoutesResponse.routes:type_name -> lbd.v1.BgpRoute
-	67, // 32: lbd.v1.GetNodeResponse.node:type_name -> lbd.v1.Node
-	67, // 33: lbd.v1.DrainNodeResponse.node:type_name -> lbd.v1.Node
-	67, // 34: lbd.v1.UndrainNodeResponse.node:type_name -> lbd.v1.Node
-	67, // 35: lbd.v1.DetachNodeResponse.node:type_name -> lbd.v1.Node
-	68, // 36: lbd.v1.VerifyNodeResponse.repaired:type_name -> lbd.v1.Drift
-	67, // 37: lbd.v1.VerifyNodeResponse.node:type_name -> lbd.v1.Node
-	1,  // 38: lbd.v1.LoadBalancerService.CreateService:input_type -> lbd.v1.CreateServiceRequest
-	3,  // 39: lbd.v1.LoadBalancerService.GetService:input_type -> lbd.v1.GetServiceRequest
-	5,  // 40: lbd.v1.LoadBalancerService.ListServices:input_type -> lbd.v1.ListServicesRequest
-	7,  // 41: lbd.v1.LoadBalancerService.UpdateService:input_type -> lbd.v1.UpdateServiceRequest
-	9,  // 42: lbd.v1.LoadBalancerService.DeleteService:input_type -> lbd.v1.DeleteServiceRequest
-	11, // 43: lbd.v1.LoadBalancerService.ApplyServices:input_type -> lbd.v1.ApplyServicesRequest
-	13, // 44: lbd.v1.LoadBalancerService.WatchServices:input_type -> lbd.v1.WatchServicesRequest
-	15, // 45: lbd.v1.LoadBalancerService.CreateBackend:input_type -> lbd.v1.CreateBackendRequest
-	17, // 46: lbd.v1.LoadBalancerService.GetBackend:input_type -> lbd.v1.GetBackendRequest
-	19, // 47: lbd.v1.LoadBalancerService.ListBackends:input_type -> lbd.v1.ListBackendsRequest
-	21, // 48: lbd.v1.LoadBalancerService.UpdateBackend:input_type -> lbd.v1.UpdateBackendRequest
-	23, // 49: lbd.v1.LoadBalancerService.DeleteBackend:input_type -> lbd.v1.DeleteBackendRequest
-	25, // 50: lbd.v1.LoadBalancerService.TraceFlow:input_type -> lbd.v1.TraceFlowRequest
-	27, // 51: lbd.v1.LoadBalancerService.ListConnections:input_type -> lbd.v1.ListConnectionsRequest
-	31, // 52: lbd.v1.LoadBalancerService.GetStats:input_type -> lbd.v1.GetStatsRequest
-	29, // 53: lbd.v1.LoadBalancerService.ListSocketTranslations:input_type -> lbd.v1.ListSocketTranslationsRequest
-	33, // 54: lbd.v1.BgpService.CreateBgpPeer:input_type -> lbd.v1.CreateBgpPeerRequest
-	35, // 55: lbd.v1.BgpService.GetBgpPeer:input_type -> lbd.v1.GetBgpPeerRequest
-	37, // 56: lbd.v1.BgpService.ListBgpPeers:input_type -> lbd.v1.ListBgpPeersRequest
-	39, // 57: lbd.v1.BgpService.UpdateBgpPeer:input_type -> lbd.v1.UpdateBgpPeerRequest
-	41, // 58: lbd.v1.BgpService.DeleteBgpPeer:input_type -> lbd.v1.DeleteBgpPeerRequest
-	43, // 59: lbd.v1.BgpService.ListBgpRoutes:input_type -> lbd.v1.ListBgpRoutesRequest
-	45, // 60: lbd.v1.NodeService.GetNode:input_type -> lbd.v1.GetNodeRequest
-	47, // 61: lbd.v1.NodeService.DrainNode:input_type -> lbd.v1.DrainNodeRequest
-	49, // 62: lbd.v1.NodeService.UndrainNode:input_type -> lbd.v1.UndrainNodeRequest
-	51, // 63: lbd.v1.NodeService.DetachNode:input_type -> lbd.v1.DetachNodeRequest
-	53, // 64: lbd.v1.NodeService.VerifyNode:input_type -> lbd.v1.VerifyNodeRequest
-	2,  // 65: lbd.v1.LoadBalancerService.CreateService:output_type -> lbd.v1.CreateServiceResponse
-	4,  // 66: lbd.v1.LoadBalancerService.GetService:output_type -> lbd.v1.GetServiceResponse
-	6,  // 67: lbd.v1.LoadBalancerService.ListServices:output_type -> lbd.v1.ListServicesResponse
-	8,  // 68: lbd.v1.LoadBalancerService.UpdateService:output_type -> lbd.v1.UpdateServiceResponse
-	10, // 69: lbd.v1.LoadBalancerService.DeleteService:output_type -> lbd.v1.DeleteServiceResponse
-	12, // 70: lbd.v1.LoadBalancerService.ApplyServices:output_type -> lbd.v1.ApplyServicesResponse
-	14, // 71: lbd.v1.LoadBalancerService.WatchServices:output_type -> lbd.v1.WatchServicesResponse
-	16, // 72: lbd.v1.LoadBalancerService.CreateBackend:output_type -> lbd.v1.CreateBackendResponse
-	18, // 73: lbd.v1.LoadBalancerService.GetBackend:output_type -> lbd.v1.GetBackendResponse
-	20, // 74: lbd.v1.LoadBalancerService.ListBackends:output_type -> lbd.v1.ListBackendsResponse
-	22, // 75: lbd.v1.LoadBalancerService.UpdateBackend:output_type -> lbd.v1.UpdateBackendResponse
-	24, // 76: lbd.v1.LoadBalancerService.DeleteBackend:output_type -> lbd.v1.DeleteBackendResponse
-	26, // 77: lbd.v1.LoadBalancerService.TraceFlow:output_type -> lbd.v1.TraceFlowResponse
-	28, // 78: lbd.v1.LoadBalancerService.ListConnections:output_type -> lbd.v1.ListConnectionsResponse
-	32, // 79: lbd.v1.LoadBalancerService.GetStats:output_type -> lbd.v1.GetStatsResponse
-	30, // 80: lbd.v1.LoadBalancerService.ListSocketTranslations:output_type -> lbd.v1.ListSocketTranslationsResponse
-	34, // 81: lbd.v1.BgpService.CreateBgpPeer:output_type -> lbd.v1.CreateBgpPeerResponse
-	36, // 82: lbd.v1.BgpService.GetBgpPeer:output_type -> lbd.v1.GetBgpPeerResponse
-	38, // 83: lbd.v1.BgpService.ListBgpPeers:output_type -> lbd.v1.ListBgpPeersResponse
-	40, // 84: lbd.v1.BgpService.UpdateBgpPeer:output_type -> lbd.v1.UpdateBgpPeerResponse
-	42, // 85: lbd.v1.BgpService.DeleteBgpPeer:output_type -> lbd.v1.DeleteBgpPeerResponse
-	44, // 86: lbd.v1.BgpService.ListBgpRoutes:output_type -> lbd.v1.ListBgpRoutesResponse
-	46, // 87: lbd.v1.NodeService.GetNode:output_type -> lbd.v1.GetNodeResponse
-	48, // 88: lbd.v1.NodeService.DrainNode:output_type -> lbd.v1.DrainNodeResponse
-	50, // 89: lbd.v1.NodeService.UndrainNode:output_type -> lbd.v1.UndrainNodeResponse
-	52, // 90: lbd.v1.NodeService.DetachNode:output_type -> lbd.v1.DetachNodeResponse
-	54, // 91: lbd.v1.NodeService.VerifyNode:output_type -> lbd.v1.VerifyNodeResponse
-	65, // [65:92] is the sub-list for method output_type
-	38, // [38:65] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	62, // 21: lbd.v1.GetStatsRequest.order_by:type_name -> lbd.v1.StatsOrder
+	63, // 22: lbd.v1.GetStatsResponse.services:type_name -> lbd.v1.ServiceStats
+	64, // 23: lbd.v1.GetStatsResponse.reasons:type_name -> lbd.v1.Counter
+	65, // 24: lbd.v1.GetStatsResponse.socket_events:type_name -> lbd.v1.EventCounter
+	65, // 25: lbd.v1.GetStatsResponse.conntrack_events:type_name -> lbd.v1.EventCounter
+	66, // 26: lbd.v1.CreateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
+	66, // 27: lbd.v1.CreateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
+	66, // 28: lbd.v1.GetBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
+	66, // 29: lbd.v1.ListBgpPeersResponse.peers:type_name -> lbd.v1.BgpPeer
+	66, // 30: lbd.v1.UpdateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
+	66, // 31: lbd.v1.UpdateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
+	67, // 32: lbd.v1.ListBgpRoutesResponse.routes:type_name -> lbd.v1.BgpRoute
+	68, // 33: lbd.v1.GetNodeResponse.node:type_name -> lbd.v1.Node
+	68, // 34: lbd.v1.DrainNodeResponse.node:type_name -> lbd.v1.Node
+	68, // 35: lbd.v1.UndrainNodeResponse.node:type_name -> lbd.v1.Node
+	68, // 36: lbd.v1.DetachNodeResponse.node:type_name -> lbd.v1.Node
+	69, // 37: lbd.v1.VerifyNodeResponse.repaired:type_name -> lbd.v1.Drift
+	68, // 38: lbd.v1.VerifyNodeResponse.node:type_name -> lbd.v1.Node
+	1,  // 39: lbd.v1.LoadBalancerService.CreateService:input_type -> lbd.v1.CreateServiceRequest
+	3,  // 40: lbd.v1.LoadBalancerService.GetService:input_type -> lbd.v1.GetServiceRequest
+	5,  // 41: lbd.v1.LoadBalancerService.ListServices:input_type -> lbd.v1.ListServicesRequest
+	7,  // 42: lbd.v1.LoadBalancerService.UpdateService:input_type -> lbd.v1.UpdateServiceRequest
+	9,  // 43: lbd.v1.LoadBalancerService.DeleteService:input_type -> lbd.v1.DeleteServiceRequest
+	11, // 44: lbd.v1.LoadBalancerService.ApplyServices:input_type -> lbd.v1.ApplyServicesRequest
+	13, // 45: lbd.v1.LoadBalancerService.WatchServices:input_type -> lbd.v1.WatchServicesRequest
+	15, // 46: lbd.v1.LoadBalancerService.CreateBackend:input_type -> lbd.v1.CreateBackendRequest
+	17, // 47: lbd.v1.LoadBalancerService.GetBackend:input_type -> lbd.v1.GetBackendRequest
+	19, // 48: lbd.v1.LoadBalancerService.ListBackends:input_type -> lbd.v1.ListBackendsRequest
+	21, // 49: lbd.v1.LoadBalancerService.UpdateBackend:input_type -> lbd.v1.UpdateBackendRequest
+	23, // 50: lbd.v1.LoadBalancerService.DeleteBackend:input_type -> lbd.v1.DeleteBackendRequest
+	25, // 51: lbd.v1.LoadBalancerService.TraceFlow:input_type -> lbd.v1.TraceFlowRequest
+	27, // 52: lbd.v1.LoadBalancerService.ListConnections:input_type -> lbd.v1.ListConnectionsRequest
+	31, // 53: lbd.v1.LoadBalancerService.GetStats:input_type -> lbd.v1.GetStatsRequest
+	29, // 54: lbd.v1.LoadBalancerService.ListSocketTranslations:input_type -> lbd.v1.ListSocketTranslationsRequest
+	33, // 55: lbd.v1.BgpService.CreateBgpPeer:input_type -> lbd.v1.CreateBgpPeerRequest
+	35, // 56: lbd.v1.BgpService.GetBgpPeer:input_type -> lbd.v1.GetBgpPeerRequest
+	37, // 57: lbd.v1.BgpService.ListBgpPeers:input_type -> lbd.v1.ListBgpPeersRequest
+	39, // 58: lbd.v1.BgpService.UpdateBgpPeer:input_type -> lbd.v1.UpdateBgpPeerRequest
+	41, // 59: lbd.v1.BgpService.DeleteBgpPeer:input_type -> lbd.v1.DeleteBgpPeerRequest
+	43, // 60: lbd.v1.BgpService.ListBgpRoutes:input_type -> lbd.v1.ListBgpRoutesRequest
+	45, // 61: lbd.v1.NodeService.GetNode:input_type -> lbd.v1.GetNodeRequest
+	47, // 62: lbd.v1.NodeService.DrainNode:input_type -> lbd.v1.DrainNodeRequest
+	49, // 63: lbd.v1.NodeService.UndrainNode:input_type -> lbd.v1.UndrainNodeRequest
+	51, // 64: lbd.v1.NodeService.DetachNode:input_type -> lbd.v1.DetachNodeRequest
+	53, // 65: lbd.v1.NodeService.VerifyNode:input_type -> lbd.v1.VerifyNodeRequest
+	2,  // 66: lbd.v1.LoadBalancerService.CreateService:output_type -> lbd.v1.CreateServiceResponse
+	4,  // 67: lbd.v1.LoadBalancerService.GetService:output_type -> lbd.v1.GetServiceResponse
+	6,  // 68: lbd.v1.LoadBalancerService.ListServices:output_type -> lbd.v1.ListServicesResponse
+	8,  // 69: lbd.v1.LoadBalancerService.UpdateService:output_type -> lbd.v1.UpdateServiceResponse
+	10, // 70: lbd.v1.LoadBalancerService.DeleteService:output_type -> lbd.v1.DeleteServiceResponse
+	12, // 71: lbd.v1.LoadBalancerService.ApplyServices:output_type -> lbd.v1.ApplyServicesResponse
+	14, // 72: lbd.v1.LoadBalancerService.WatchServices:output_type -> lbd.v1.WatchServicesResponse
+	16, // 73: lbd.v1.LoadBalancerService.CreateBackend:output_type -> lbd.v1.CreateBackendResponse
+	18, // 74: lbd.v1.LoadBalancerService.GetBackend:output_type -> lbd.v1.GetBackendResponse
+	20, // 75: lbd.v1.LoadBalancerService.ListBackends:output_type -> lbd.v1.ListBackendsResponse
+	22, // 76: lbd.v1.LoadBalancerService.UpdateBackend:output_type -> lbd.v1.UpdateBackendResponse
+	24, // 77: lbd.v1.LoadBalancerService.DeleteBackend:output_type -> lbd.v1.DeleteBackendResponse
+	26, // 78: lbd.v1.LoadBalancerService.TraceFlow:output_type -> lbd.v1.TraceFlowResponse
+	28, // 79: lbd.v1.LoadBalancerService.ListConnections:output_type -> lbd.v1.ListConnectionsResponse
+	32, // 80: lbd.v1.LoadBalancerService.GetStats:output_type -> lbd.v1.GetStatsResponse
+	30, // 81: lbd.v1.LoadBalancerService.ListSocketTranslations:output_type -> lbd.v1.ListSocketTranslationsResponse
+	34, // 82: lbd.v1.BgpService.CreateBgpPeer:output_type -> lbd.v1.CreateBgpPeerResponse
+	36, // 83: lbd.v1.BgpService.GetBgpPeer:output_type -> lbd.v1.GetBgpPeerResponse
+	38, // 84: lbd.v1.BgpService.ListBgpPeers:output_type -> lbd.v1.ListBgpPeersResponse
+	40, // 85: lbd.v1.BgpService.UpdateBgpPeer:output_type -> lbd.v1.UpdateBgpPeerResponse
+	42, // 86: lbd.v1.BgpService.DeleteBgpPeer:output_type -> lbd.v1.DeleteBgpPeerResponse
+	44, // 87: lbd.v1.BgpService.ListBgpRoutes:output_type -> lbd.v1.ListBgpRoutesResponse
+	46, // 88: lbd.v1.NodeService.GetNode:output_type -> lbd.v1.GetNodeResponse
+	48, // 89: lbd.v1.NodeService.DrainNode:output_type -> lbd.v1.DrainNodeResponse
+	50, // 90: lbd.v1.NodeService.UndrainNode:output_type -> lbd.v1.UndrainNodeResponse
+	52, // 91: lbd.v1.NodeService.DetachNode:output_type -> lbd.v1.DetachNodeResponse
+	54, // 92: lbd.v1.NodeService.VerifyNode:output_type -> lbd.v1.VerifyNodeResponse
+	66, // [66:93] is the sub-list for method output_type
+	39, // [39:66] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_lbd_v1_api_proto_init() }

@@ -86,7 +86,8 @@ type LoadBalancerServiceClient interface {
 	TraceFlow(ctx context.Context, in *TraceFlowRequest, opts ...grpc.CallOption) (*TraceFlowResponse, error)
 	// ListConnections lists conntrack (LB role) and NAT (backend role) entries.
 	ListConnections(ctx context.Context, in *ListConnectionsRequest, opts ...grpc.CallOption) (*ListConnectionsResponse, error)
-	// GetStats returns datapath counters per service, per backend and per drop reason.
+	// GetStats returns datapath counters per service, per backend and per drop reason;
+	// the services can be selected by name, ordered by a counter and limited in number.
 	GetStats(ctx context.Context, in *GetStatsRequest, opts ...grpc.CallOption) (*GetStatsResponse, error)
 	// ListSocketTranslations lists the sockets of local processes that socket-level load
 	// balancing (datapath.socket_lb) connected to a backend instead of a VIP.
@@ -313,7 +314,8 @@ type LoadBalancerServiceServer interface {
 	TraceFlow(context.Context, *TraceFlowRequest) (*TraceFlowResponse, error)
 	// ListConnections lists conntrack (LB role) and NAT (backend role) entries.
 	ListConnections(context.Context, *ListConnectionsRequest) (*ListConnectionsResponse, error)
-	// GetStats returns datapath counters per service, per backend and per drop reason.
+	// GetStats returns datapath counters per service, per backend and per drop reason;
+	// the services can be selected by name, ordered by a counter and limited in number.
 	GetStats(context.Context, *GetStatsRequest) (*GetStatsResponse, error)
 	// ListSocketTranslations lists the sockets of local processes that socket-level load
 	// balancing (datapath.socket_lb) connected to a backend instead of a VIP.

@@ -24,6 +24,67 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// StatsOrder orders GetStats' services and their backends.
+type StatsOrder int32
+
+const (
+	// By name (services) and by address and port (backends).
+	StatsOrder_STATS_ORDER_UNSPECIFIED StatsOrder = 0
+	// By name, as UNSPECIFIED.
+	StatsOrder_STATS_ORDER_NAME StatsOrder = 1
+	// By packets, largest first; then by name.
+	StatsOrder_STATS_ORDER_PACKETS StatsOrder = 2
+	// By bytes, largest first; then by name.
+	StatsOrder_STATS_ORDER_BYTES StatsOrder = 3
+	// By new flows, largest first; then by name.
+	StatsOrder_STATS_ORDER_NEW_FLOWS StatsOrder = 4
+)
+
+// Enum value maps for StatsOrder.
+var (
+	StatsOrder_name = map[int32]string{
+		0: "STATS_ORDER_UNSPECIFIED",
+		1: "STATS_ORDER_NAME",
+		2: "STATS_ORDER_PACKETS",
+		3: "STATS_ORDER_BYTES",
+		4: "STATS_ORDER_NEW_FLOWS",
+	}
+	StatsOrder_value = map[string]int32{
+		"STATS_ORDER_UNSPECIFIED": 0,
+		"STATS_ORDER_NAME":        1,
+		"STATS_ORDER_PACKETS":     2,
+		"STATS_ORDER_BYTES":       3,
+		"STATS_ORDER_NEW_FLOWS":   4,
+	}
+)
+
+func (x StatsOrder) Enum() *StatsOrder {
+	p := new(StatsOrder)
+	*p = x
+	return p
+}
+
+func (x StatsOrder) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (StatsOrder) Descriptor() protoreflect.EnumDescriptor {
+	return file_lbd_v1_datapath_proto_enumTypes[0].Descriptor()
+}
+
+func (StatsOrder) Type() protoreflect.EnumType {
+	return &file_lbd_v1_datapath_proto_enumTypes[0]
+}
+
+func (x StatsOrder) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use StatsOrder.Descriptor instead.
+func (StatsOrder) EnumDescriptor() ([]byte, []int) {
+	return file_lbd_v1_datapath_proto_rawDescGZIP(), []int{0}
+}
+
 // Connection is a conntrack or NAT entry.
 type Connection struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
@@ -552,7 +613,14 @@ const file_lbd_v1_datapath_proto_rawDesc = "" +
 	"\tnew_flows\x18\x05 \x01(\x04R\bnewFlows\"8\n" +
 	"\fEventCounter\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
-	"\x05count\x18\x02 \x01(\x04R\x05countB+Z)github.com/lbd-dev/lbd/proto/lbd/v1;lbdv1b\x06proto3"
+	"\x05count\x18\x02 \x01(\x04R\x05count*\x8a\x01\n" +
+	"\n" +
+	"StatsOrder\x12\x1b\n" +
+	"\x17STATS_ORDER_UNSPECIFIED\x10\x00\x12\x14\n" +
+	"\x10STATS_ORDER_NAME\x10\x01\x12\x17\n" +
+	"\x13STATS_ORDER_PACKETS\x10\x02\x12\x15\n" +
+	"\x11STATS_ORDER_BYTES\x10\x03\x12\x19\n" +
+	"\x15STATS_ORDER_NEW_FLOWS\x10\x04B+Z)github.com/lbd-dev/lbd/proto/lbd/v1;lbdv1b\x06proto3"
 
 var (
 	file_lbd_v1_datapath_proto_rawDescOnce sync.Once
@@ -566,23 +634,25 @@ func file_lbd_v1_datapath_proto_rawDescGZIP() []byte {
 	return file_lbd_v1_datapath_proto_rawDescData
 }
 
+var file_lbd_v1_datapath_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_lbd_v1_datapath_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_lbd_v1_datapath_proto_goTypes = []any{
-	(*Connection)(nil),            // 0: lbd.v1.Connection
-	(*SocketTranslation)(nil),     // 1: lbd.v1.SocketTranslation
-	(*Counter)(nil),               // 2: lbd.v1.Counter
-	(*ServiceStats)(nil),          // 3: lbd.v1.ServiceStats
-	(*BackendStats)(nil),          // 4: lbd.v1.BackendStats
-	(*EventCounter)(nil),          // 5: lbd.v1.EventCounter
-	(Protocol)(0),                 // 6: lbd.v1.Protocol
-	(*timestamppb.Timestamp)(nil), // 7: google.protobuf.Timestamp
+	(StatsOrder)(0),               // 0: lbd.v1.StatsOrder
+	(*Connection)(nil),            // 1: lbd.v1.Connection
+	(*SocketTranslation)(nil),     // 2: lbd.v1.SocketTranslation
+	(*Counter)(nil),               // 3: lbd.v1.Counter
+	(*ServiceStats)(nil),          // 4: lbd.v1.ServiceStats
+	(*BackendStats)(nil),          // 5: lbd.v1.BackendStats
+	(*EventCounter)(nil),          // 6: lbd.v1.EventCounter
+	(Protocol)(0),                 // 7: lbd.v1.Protocol
+	(*timestamppb.Timestamp)(nil), // 8: google.protobuf.Timestamp
 }
 var file_lbd_v1_datapath_proto_depIdxs = []int32{
-	6, // 0: lbd.v1.Connection.protocol:type_name -> lbd.v1.Protocol
-	7, // 1: lbd.v1.Connection.last_seen_time:type_name -> google.protobuf.Timestamp
-	6, // 2: lbd.v1.SocketTranslation.protocol:type_name -> lbd.v1.Protocol
-	7, // 3: lbd.v1.SocketTranslation.create_time:type_name -> google.protobuf.Timestamp
-	4, // 4: lbd.v1.ServiceStats.backends:type_name -> lbd.v1.BackendStats
+	7, // 0: lbd.v1.Connection.protocol:type_name -> lbd.v1.Protocol
+	8, // 1: lbd.v1.Connection.last_seen_time:type_name -> google.protobuf.Timestamp
+	7, // 2: lbd.v1.SocketTranslation.protocol:type_name -> lbd.v1.Protocol
+	8, // 3: lbd.v1.SocketTranslation.create_time:type_name -> google.protobuf.Timestamp
+	5, // 4: lbd.v1.ServiceStats.backends:type_name -> lbd.v1.BackendStats
 	5, // [5:5] is the sub-list for method output_type
 	5, // [5:5] is the sub-list for method input_type
 	5, // [5:5] is the sub-list for extension type_name
@@ -601,13 +671,14 @@ func file_lbd_v1_datapath_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lbd_v1_datapath_proto_rawDesc), len(file_lbd_v1_datapath_proto_rawDesc)),
-			NumEnums:      0,
+			NumEnums:      1,
 			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
 		GoTypes:           file_lbd_v1_datapath_proto_goTypes,
 		DependencyIndexes: file_lbd_v1_datapath_proto_depIdxs,
+		EnumInfos:         file_lbd_v1_datapath_proto_enumTypes,
 		MessageInfos:      file_lbd_v1_datapath_proto_msgTypes,
 	}.Build()
 	File_lbd_v1_datapath_proto = out.File

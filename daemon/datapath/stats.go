@@ -1,0 +1,156 @@
+//go:build linux
+
+package datapath
+
+import (
+	"cmp"
+	"context"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/lbd-dev/lbd/bpf/backendtc"
+	"github.com/lbd-dev/lbd/bpf/lbxdp"
+	"github.com/lbd-dev/lbd/daemon/servicematch"
+	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// GetStats reads the counters of the services the request selects (with their
+// backends' unless it omits them), in the order and number it asks for, then the
+// per-reason, socket and conntrack event counters. The BPF counters are read in
+// batches, so the cost grows with the highest ID read, not with a call per ID.
+func (m *Manager) GetStats(_ context.Context, r *lbdv1.GetStatsRequest) (*lbdv1.GetStatsResponse, error) {
+	sel, err := servicematch.Compile(r.GetServices())
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "services%v", err)
+	}
+	order, ok := statsOrders[r.GetOrderBy()]
+	if !ok {
+		return nil, status.Errorf(codes.InvalidArgument, "order_by: %v is not a known order", r.GetOrderBy())
+	}
+	resp := &lbdv1.GetStatsResponse{}
+	if m.lb != nil {
+		if resp.Services, err = m.serviceStats(sel, order, int(r.GetLimit()), !r.GetOmitBackends()); err != nil {
+			return nil, err
+		}
+		drops, err := m.lb.DropCounters()
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "read counters: %v", err)
+		}
+		for _, r := range lbxdp.DropReasons() {
+			resp.Reasons = append(resp.Reasons, &lbdv1.Counter{Name: r.CounterName(), Packets: drops[r].Packets, Bytes: drops[r].Bytes})
+		}
+		evs, err := m.lb.ConntrackEvents()
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "read counters: %v", err)
+		}
+		for _, e := range evs {
+			resp.ConntrackEvents = append(resp.ConntrackEvents, &lbdv1.EventCounter{Name: e.Event.String(), Count: e.Count})
+		}
+	} else if names := sel.Names(); len(names) > 0 {
+		return nil, status.Errorf(codes.NotFound, "services: this node has no LB datapath, so no service %q", names[0])
+	}
+	if m.be != nil {
+		cs, err := m.be.Counters()
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "read counters: %v", err)
+		}
+		for _, c := range backendtc.AllCounters() {
+			resp.Reasons = append(resp.Reasons, &lbdv1.Counter{Name: "backend_" + c.String(), Packets: cs[c]})
+		}
+	}
+	if err := m.socketCounters(resp); err != nil {
+		return nil, status.Errorf(codes.Internal, "read counters: %v", err)
+	}
+	return resp, nil
+}
+
+// countersOrder compares two counters for an order: largest first, or 0 for the name
+// order, which the callers apply after it.
+type countersOrder func(a, b lbxdp.Counters) int
+
+var statsOrders = map[lbdv1.StatsOrder]countersOrder{
+	lbdv1.StatsOrder_STATS_ORDER_UNSPECIFIED: func(_, _ lbxdp.Counters) int { return 0 },
+	lbdv1.StatsOrder_STATS_ORDER_NAME:        func(_, _ lbxdp.Counters) int { return 0 },
+	lbdv1.StatsOrder_STATS_ORDER_PACKETS:     func(a, b lbxdp.Counters) int { return cmp.Compare(b.Packets, a.Packets) },
+	lbdv1.StatsOrder_STATS_ORDER_BYTES:       func(a, b lbxdp.Counters) int { return cmp.Compare(b.Bytes, a.Bytes) },
+	lbdv1.StatsOrder_STATS_ORDER_NEW_FLOWS:   func(a, b lbxdp.Counters) int { return cmp.Compare(b.NewFlows, a.NewFlows) },
+}
+
+// serviceStats reads the counters of the programmed services that sel selects (every
+// one if it is empty), and of their backends if asked, and orders and limits them.
+func (m *Manager) serviceStats(sel servicematch.Set, order countersOrder, limit int, backends bool) ([]*lbdv1.ServiceStats, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	type pick struct {
+		id uint32
+		p  *programmed
+		c  lbxdp.Counters
+	}
+	var picked []pick
+	var maxSvc, maxBe uint32
+	found := map[string]bool{}
+	for id, p := range m.programmed {
+		if !sel.Empty() && !sel.Match(p.name) {
+			continue
+		}
+		picked = append(picked, pick{id: id, p: p})
+		found[p.name] = true
+		maxSvc = max(maxSvc, id)
+	}
+	for _, n := range sel.Names() {
+		if !found[n] {
+			return nil, status.Errorf(codes.NotFound, "services: no service %q is programmed on this node", n)
+		}
+	}
+	if len(picked) == 0 {
+		return nil, nil
+	}
+	svcC, err := m.lb.AllServiceCounters(maxSvc + 1)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "read counters: %v", err)
+	}
+	for i := range picked {
+		picked[i].c = svcC[picked[i].id]
+	}
+	slices.SortFunc(picked, func(a, b pick) int { return cmp.Or(order(a.c, b.c), strings.Compare(a.p.name, b.p.name)) })
+	if limit > 0 && limit < len(picked) {
+		picked = picked[:limit]
+	}
+	var beC []lbxdp.Counters
+	if backends {
+		for _, pk := range picked {
+			for bid := range pk.p.backendKeys {
+				maxBe = max(maxBe, bid)
+			}
+		}
+		if beC, err = m.lb.AllBackendCounters(maxBe + 1); err != nil {
+			return nil, status.Errorf(codes.Internal, "read counters: %v", err)
+		}
+	}
+	type be struct {
+		k netip.AddrPort
+		c lbxdp.Counters
+	}
+	var bes []be
+	out := make([]*lbdv1.ServiceStats, 0, len(picked))
+	for _, pk := range picked {
+		ss := &lbdv1.ServiceStats{ServiceName: pk.p.name, Packets: pk.c.Packets, Bytes: pk.c.Bytes, NewFlows: pk.c.NewFlows}
+		if backends {
+			bes = bes[:0]
+			for bid, k := range pk.p.backendKeys {
+				bes = append(bes, be{k, beC[bid]})
+			}
+			slices.SortFunc(bes, func(a, b be) int { return cmp.Or(order(a.c, b.c), a.k.Compare(b.k)) })
+			ss.Backends = make([]*lbdv1.BackendStats, len(bes))
+			for i, b := range bes {
+				ss.Backends[i] = &lbdv1.BackendStats{Address: b.k.Addr().String(), Port: uint32(b.k.Port()),
+					Packets: b.c.Packets, Bytes: b.c.Bytes, NewFlows: b.c.NewFlows}
+			}
+		}
+		out = append(out, ss)
+	}
+	return out, nil
+}
