@@ -31,6 +31,9 @@ func TestExampleIsDefault(t *testing.T) {
 	if len(got.Datapath.Interfaces) == 0 && len(got.Datapath.LBSources) == 0 {
 		got.Datapath.Interfaces, got.Datapath.LBSources = want.Datapath.Interfaces, want.Datapath.LBSources
 	}
+	if len(got.Metrics.BackendSeriesServices) == 0 {
+		got.Metrics.BackendSeriesServices = want.Metrics.BackendSeriesServices
+	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("%s loads as\n%+v\nbut Default() is\n%+v", example, got, want)
 	}
@@ -204,6 +207,12 @@ func TestValidate(t *testing.T) {
 		}, []string{"datapath.socket_lb.translations"}},
 		{"socket lb off ignores its fields", func(c *config.Config) { c.Datapath.SocketLB = config.SocketLB{Cgroup: "lbd"} }, nil},
 		{"metrics listen", func(c *config.Config) { c.MetricsListen = "9310" }, []string{"metrics_listen"}},
+		{"backend series for listed services", func(c *config.Config) { c.Metrics.BackendSeriesServices = []string{"web", "payments/*"} }, nil},
+		{"backend series for every service", func(c *config.Config) { c.Metrics.BackendSeries = true }, nil},
+		{"backend series both ways", func(c *config.Config) {
+			c.Metrics = config.Metrics{BackendSeries: true, BackendSeriesServices: []string{"web"}}
+		}, []string{"metrics.backend_series_services", "metrics.backend_series is true"}},
+		{"backend series blank service", func(c *config.Config) { c.Metrics.BackendSeriesServices = []string{"web", ""} }, []string{"metrics.backend_series_services[1]", "empty"}},
 		{"total backends below per-service", func(c *config.Config) { c.Limits.MaxBackends = 10 }, []string{"max_backends"}},
 		{"unknown role", func(c *config.Config) { c.Roles = []string{"router"} }, []string{"roles", "router"}},
 		{"role twice", func(c *config.Config) { c.Roles = []string{"lb", "lb"} }, []string{"roles", "twice"}},

@@ -30,9 +30,26 @@ func (m *Manager) GetStats(_ context.Context, r *lbdv1.GetStatsRequest) (*lbdv1.
 	if !ok {
 		return nil, status.Errorf(codes.InvalidArgument, "order_by: %v is not a known order", r.GetOrderBy())
 	}
+	backendsOf := func(string) bool { return true }
+	if r.GetOmitBackends() {
+		backendsOf = nil
+	}
+	return m.stats(sel, order, int(r.GetLimit()), backendsOf)
+}
+
+// Stats reads the counters of every service, of the backends of the services
+// backendsOf selects (none if it is nil), and the per-reason, socket and conntrack
+// event counters: what a metrics scrape needs, without building what it would not
+// export.
+func (m *Manager) Stats(backendsOf func(service string) bool) (*lbdv1.GetStatsResponse, error) {
+	return m.stats(servicematch.Set{}, statsOrders[lbdv1.StatsOrder_STATS_ORDER_NAME], 0, backendsOf)
+}
+
+func (m *Manager) stats(sel servicematch.Set, order countersOrder, limit int, backendsOf func(string) bool) (*lbdv1.GetStatsResponse, error) {
 	resp := &lbdv1.GetStatsResponse{}
+	var err error
 	if m.lb != nil {
-		if resp.Services, err = m.serviceStats(sel, order, int(r.GetLimit()), !r.GetOmitBackends()); err != nil {
+		if resp.Services, err = m.serviceStats(sel, order, limit, backendsOf); err != nil {
 			return nil, err
 		}
 		drops, err := m.lb.DropCounters()
@@ -80,8 +97,9 @@ var statsOrders = map[lbdv1.StatsOrder]countersOrder{
 }
 
 // serviceStats reads the counters of the programmed services that sel selects (every
-// one if it is empty), and of their backends if asked, and orders and limits them.
-func (m *Manager) serviceStats(sel servicematch.Set, order countersOrder, limit int, backends bool) ([]*lbdv1.ServiceStats, error) {
+// one if it is empty), orders and limits them, and reads the backends' of those that
+// backendsOf selects (none if it is nil).
+func (m *Manager) serviceStats(sel servicematch.Set, order countersOrder, limit int, backendsOf func(string) bool) ([]*lbdv1.ServiceStats, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	type pick struct {
@@ -119,13 +137,16 @@ func (m *Manager) serviceStats(sel servicematch.Set, order countersOrder, limit 
 	if limit > 0 && limit < len(picked) {
 		picked = picked[:limit]
 	}
-	var beC []lbxdp.Counters
-	if backends {
-		for _, pk := range picked {
+	withBackends := make([]bool, len(picked))
+	for i, pk := range picked {
+		if withBackends[i] = backendsOf != nil && backendsOf(pk.p.name); withBackends[i] {
 			for bid := range pk.p.backendKeys {
 				maxBe = max(maxBe, bid)
 			}
 		}
+	}
+	var beC []lbxdp.Counters
+	if maxBe > 0 {
 		if beC, err = m.lb.AllBackendCounters(maxBe + 1); err != nil {
 			return nil, status.Errorf(codes.Internal, "read counters: %v", err)
 		}
@@ -136,9 +157,9 @@ func (m *Manager) serviceStats(sel servicematch.Set, order countersOrder, limit 
 	}
 	var bes []be
 	out := make([]*lbdv1.ServiceStats, 0, len(picked))
-	for _, pk := range picked {
+	for i, pk := range picked {
 		ss := &lbdv1.ServiceStats{ServiceName: pk.p.name, Packets: pk.c.Packets, Bytes: pk.c.Bytes, NewFlows: pk.c.NewFlows}
-		if backends {
+		if withBackends[i] {
 			bes = bes[:0]
 			for bid, k := range pk.p.backendKeys {
 				bes = append(bes, be{k, beC[bid]})

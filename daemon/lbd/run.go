@@ -23,7 +23,6 @@ import (
 	"github.com/lbd-dev/lbd/daemon/reconcile"
 	"github.com/lbd-dev/lbd/daemon/sdnotify"
 	"github.com/lbd-dev/lbd/daemon/store"
-	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 )
 
 // run starts lbd and serves until ctx ends. The API listens as soon as the state is
@@ -113,20 +112,14 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 		}
 		return dp.Ready()
 	}
-	var met *metrics.Metrics
+	var opening *openingDatapath // nil on a node without a datapath
 	if withDatapath {
-		met = metrics.New(func() (*lbdv1.GetStatsResponse, error) {
-			if m := dp.m.Load(); m != nil {
-				return m.GetStats(ctx, nil)
-			}
-			return &lbdv1.GetStatsResponse{}, nil // no counters yet
-		}, map[string]uint32{"conntrack": cfg.Datapath.ConntrackSize, "nat": cfg.Datapath.NATSize})
-		met.AddDrift(dp.DriftCounts)
-	} else {
-		met = metrics.New(nil, nil)
+		opening = dp
 	}
-	met.AddStatus(func() []*lbdv1.Service { return st.ListServices("") })
-	met.SetReady(ready)
+	met, err := newMetrics(cfg, opening, st, ready)
+	if err != nil {
+		return err
+	}
 	if cfg.MetricsListen != "" {
 		go func() {
 			if err := met.Serve(ctx, cfg.MetricsListen, log.Named("metrics")); err != nil {

@@ -1,5 +1,8 @@
 // Package metrics exports lbd's Prometheus metrics: datapath counters read from the BPF
-// maps at scrape time, conntrack/NAT fill, garbage-collector passes and reconcile latency.
+// maps at scrape time, the services' status, conntrack/NAT fill, garbage-collector
+// passes and reconcile latency. Nothing has a backend label unless BackendSeries asks
+// for it: a node exports a number of series that grows with its services, not with
+// their backends.
 package metrics
 
 import (
@@ -7,19 +10,14 @@ import (
 	"errors"
 	"net"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/lbd-dev/lbd/daemon/gc"
-	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
-
-// StatsFunc reads the datapath counters (the GetStats RPC's answer).
-type StatsFunc func() (*lbdv1.GetStatsResponse, error)
 
 // Metrics holds lbd's registry.
 type Metrics struct {
@@ -33,13 +31,16 @@ type Metrics struct {
 	fill       *prometheus.GaugeVec
 	reconcile  prometheus.Histogram
 	ready      ReadyFunc
+	backends   BackendSeries
 }
 
 // New builds the registry. stats may be nil on a node without a datapath; capacities
-// are the sizes of the conntrack ("conntrack") and NAT ("nat") tables.
-func New(stats StatsFunc, capacities map[string]uint32) *Metrics {
+// are the sizes of the conntrack ("conntrack") and NAT ("nat") tables; backends says
+// which services' backends get series of their own (AddStatus follows it too).
+func New(stats StatsFunc, capacities map[string]uint32, backends BackendSeries) *Metrics {
 	m := &Metrics{
-		reg: prometheus.NewRegistry(),
+		reg:      prometheus.NewRegistry(),
+		backends: backends,
 		gcPasses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "lbd_gc_passes_total", Help: "Garbage-collector passes over a table.",
 		}, []string{"table"}),
@@ -73,7 +74,7 @@ func New(stats StatsFunc, capacities map[string]uint32) *Metrics {
 		m.capacity.WithLabelValues(t).Set(float64(c))
 	}
 	if stats != nil {
-		m.reg.MustRegister(&datapathCollector{stats: stats})
+		m.reg.MustRegister(&datapathCollector{stats: stats, backends: backends})
 	}
 	return m
 }
@@ -122,53 +123,4 @@ func (m *Metrics) Serve(ctx context.Context, addr string, log hclog.Logger) erro
 		return err
 	}
 	return nil
-}
-
-// datapathCollector reads the BPF counters at scrape time.
-type datapathCollector struct{ stats StatsFunc }
-
-var (
-	svcPackets = prometheus.NewDesc("lbd_service_packets_total", "Packets forwarded for a service.", []string{"service"}, nil)
-	svcBytes   = prometheus.NewDesc("lbd_service_bytes_total", "Bytes (client IP packets) forwarded for a service.", []string{"service"}, nil)
-	svcFlows   = prometheus.NewDesc("lbd_service_new_flows_total", "New flows balanced for a service.", []string{"service"}, nil)
-	bePackets  = prometheus.NewDesc("lbd_backend_packets_total", "Packets forwarded to a backend.", []string{"service", "backend"}, nil)
-	beBytes    = prometheus.NewDesc("lbd_backend_bytes_total", "Bytes forwarded to a backend.", []string{"service", "backend"}, nil)
-	beFlows    = prometheus.NewDesc("lbd_backend_new_flows_total", "New flows balanced to a backend.", []string{"service", "backend"}, nil)
-	events     = prometheus.NewDesc("lbd_datapath_packets_total", "Datapath packets by event or drop reason.", []string{"reason"}, nil)
-	sockEvents = prometheus.NewDesc("lbd_socket_lb_calls_total", "Socket calls of local processes handled by socket-level load balancing, by event (connect, sendmsg, reverse, no_backend, revnat_full).", []string{"event"}, nil)
-	ctEvents   = prometheus.NewDesc("lbd_conntrack_events_total", "What the LB node's conntrack did, by event: inserted, tentative, confirmed, guard_skipped, guard_engaged, insert_failed, reclaimed.", []string{"event"}, nil)
-)
-
-func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{svcPackets, svcBytes, svcFlows, bePackets, beBytes, beFlows, events, sockEvents, ctEvents} {
-		ch <- d
-	}
-}
-
-func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
-	st, err := c.stats()
-	if err != nil {
-		ch <- prometheus.NewInvalidMetric(events, err)
-		return
-	}
-	for _, s := range st.Services {
-		ch <- prometheus.MustNewConstMetric(svcPackets, prometheus.CounterValue, float64(s.Packets), s.ServiceName)
-		ch <- prometheus.MustNewConstMetric(svcBytes, prometheus.CounterValue, float64(s.Bytes), s.ServiceName)
-		ch <- prometheus.MustNewConstMetric(svcFlows, prometheus.CounterValue, float64(s.NewFlows), s.ServiceName)
-		for _, b := range s.Backends {
-			be := net.JoinHostPort(b.Address, strconv.Itoa(int(b.Port)))
-			ch <- prometheus.MustNewConstMetric(bePackets, prometheus.CounterValue, float64(b.Packets), s.ServiceName, be)
-			ch <- prometheus.MustNewConstMetric(beBytes, prometheus.CounterValue, float64(b.Bytes), s.ServiceName, be)
-			ch <- prometheus.MustNewConstMetric(beFlows, prometheus.CounterValue, float64(b.NewFlows), s.ServiceName, be)
-		}
-	}
-	for _, r := range st.Reasons {
-		ch <- prometheus.MustNewConstMetric(events, prometheus.CounterValue, float64(r.Packets), r.Name)
-	}
-	for _, e := range st.SocketEvents {
-		ch <- prometheus.MustNewConstMetric(sockEvents, prometheus.CounterValue, float64(e.Count), e.Name)
-	}
-	for _, e := range st.ConntrackEvents {
-		ch <- prometheus.MustNewConstMetric(ctEvents, prometheus.CounterValue, float64(e.Count), e.Name)
-	}
 }
