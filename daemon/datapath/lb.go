@@ -143,7 +143,11 @@ func (m *Manager) write(old, want *programmed) error {
 			}
 		}
 	}
-	return m.writeAfter(old, want)
+	if err := m.writeAfter(old, want); err != nil {
+		return err
+	}
+	m.trackNodes()
+	return nil
 }
 
 // writeBefore adds what the new table may refer to: backends and source ranges.
@@ -213,7 +217,6 @@ func (m *Manager) writeAfter(old, want *programmed) error {
 		m.log.Debug("backends removed from the datapath", "op", "reconcile", "service", want.name, "backends", len(gone), "flows", n)
 	}
 	m.programmed[id] = want
-	m.trackNodes()
 	return nil
 }
 
@@ -358,6 +361,8 @@ func (m *Manager) Sync(_ context.Context, svcs []*lbdv1.Service) (map[string]map
 			return nil, fmt.Errorf("sync service %s: %w", want.name, err)
 		}
 	}
+	// Once, not per service: each call walks every backend of every service.
+	m.trackNodes()
 	for id := range m.programmed {
 		if !keep[id] {
 			if err := m.remove(id); err != nil {
