@@ -15,83 +15,123 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
-// usable reports whether a backend takes new flows: active, not marked down, and its
-// node not known to be unreachable from this node.
-func usable(b *lbdv1.Backend, h *lbdv1.BackendHealth) bool {
-	active := b.State == lbdv1.BackendState_BACKEND_STATE_ACTIVE
-	return active && (h == nil || h.State != lbdv1.HealthState_HEALTH_STATE_DOWN) &&
-		b.NodeReachability != lbdv1.Reachability_REACHABILITY_UNREACHABLE
+// usable reports whether a backend takes new flows: active, not marked down (health
+// h, nil if unknown), and its node not known to be unreachable from this node.
+func usable(state lbdv1.BackendState, h *lbdv1.BackendHealth, reach lbdv1.Reachability) bool {
+	return state == lbdv1.BackendState_BACKEND_STATE_ACTIVE && (h == nil || h.State != lbdv1.HealthState_HEALTH_STATE_DOWN) &&
+		reach != lbdv1.Reachability_REACHABILITY_UNREACHABLE
 }
 
 // withStatus returns a copy of svc with its output-only fields filled. Caller holds mu.
 func (s *Store) withStatus(svc *lbdv1.Service) *lbdv1.Service {
-	out := proto.Clone(svc).(*lbdv1.Service)
+	return s.addStatus(proto.Clone(svc).(*lbdv1.Service), svc)
+}
+
+// addStatus fills the output-only fields of out, a copy of svc (whole, or with the
+// fields statusView keeps), and returns it. Caller holds mu.
+func (s *Store) addStatus(out, svc *lbdv1.Service) *lbdv1.Service {
 	rt := s.status[svc.Name]
-	var n, draining, disabled, down int
-	var unreachable []string // why, per unreachable node, in backend order
-	for _, b := range out.Backends {
+	t := s.tally(out, rt, func(i int, h *lbdv1.BackendHealth, reach lbdv1.Reachability) {
+		b := out.Backends[i]
+		if h != nil {
+			b.Health = proto.Clone(h).(*lbdv1.BackendHealth)
+		}
 		if rt != nil {
-			if h := rt.health[b.Id]; h != nil {
-				b.Health = proto.Clone(h).(*lbdv1.BackendHealth)
-			}
 			b.TableSlots = rt.tableSlots[b.Id]
 		}
-		if r, ok := s.nodeReach(b); ok {
-			b.NodeReachability = lbdv1.Reachability_REACHABILITY_REACHABLE
-			if !r.Reachable {
-				b.NodeReachability = lbdv1.Reachability_REACHABILITY_UNREACHABLE
-			}
-		}
-		switch {
-		case usable(b, b.Health):
-			n++
-		case b.State == lbdv1.BackendState_BACKEND_STATE_DRAINING:
-			draining++
-		case b.State == lbdv1.BackendState_BACKEND_STATE_DISABLED:
-			disabled++
-		case b.NodeReachability == lbdv1.Reachability_REACHABILITY_UNREACHABLE:
-			if r, _ := s.nodeReach(b); !slices.Contains(unreachable, r.Reason) {
-				unreachable = append(unreachable, r.Reason)
-			}
-		default:
-			down++
-		}
-	}
-	why := ""
-	if len(unreachable) > 0 {
-		why = "; unreachable: " + strings.Join(unreachable, "; ")
-	}
-	st := &lbdv1.ServiceStatus{UsableBackends: uint32(n), AdvertiseReason: s.opts.AdvertiseReason}
+		b.NodeReachability = reach
+	})
+	st := &lbdv1.ServiceStatus{UsableBackends: uint32(t.usable), AdvertiseReason: s.opts.AdvertiseReason}
 	if st.AdvertiseReason == "" {
 		st.AdvertiseReason = "this node runs no BGP speaker"
 	}
 	if rt != nil && rt.hasAdvertise {
 		st.Advertised, st.AdvertiseReason = rt.advertised, rt.advertiseReason
 	}
-	switch {
-	case s.opts.StatusReason != "":
-		st.State, st.Reason = lbdv1.ServiceState_SERVICE_STATE_PENDING, s.opts.StatusReason
-	case rt == nil || rt.appliedRevision < svc.Revision:
-		st.State, st.Reason = lbdv1.ServiceState_SERVICE_STATE_PENDING, fmt.Sprintf("revision %d not yet programmed into the datapath", svc.Revision)
-	case rt.appliedSeq < rt.wantSeq:
-		st.State, st.Reason = lbdv1.ServiceState_SERVICE_STATE_PENDING,
-			"the backends that take new flows changed (health or next hop); not yet programmed into the datapath"
-	case rt.datapathErr != "":
-		st.State, st.Reason = lbdv1.ServiceState_SERVICE_STATE_ERROR, "datapath: "+rt.datapathErr
-	case len(out.Backends) == 0:
-		st.State, st.Reason = lbdv1.ServiceState_SERVICE_STATE_NO_BACKENDS, "the service has no backends; new flows are "+noBackendVerb(svc)
-	case n == 0:
-		st.State, st.Reason = lbdv1.ServiceState_SERVICE_STATE_NO_BACKENDS,
-			fmt.Sprintf("none of %d backends is usable (%d draining, %d disabled, %d down%s); new flows are %s",
-				len(out.Backends), draining, disabled, down, why, noBackendVerb(svc))
-	default:
-		st.State, st.Reason = lbdv1.ServiceState_SERVICE_STATE_READY, fmt.Sprintf("%d of %d backends usable%s", n, len(out.Backends), why)
-	}
+	st.State, st.Reason = s.state(svc, rt, t, true)
 	if rt != nil && !rt.updated.IsZero() {
 		st.UpdateTime = timestamppb.New(rt.updated)
 	}
 	out.Status = st
 	return out
+}
+
+// tally counts what a service's backends can do.
+type tally struct {
+	backends, usable, draining, disabled, down int
+	unreachable                                []string // why, per unreachable node, in backend order
+}
+
+// tally counts svc's backends, and calls each (if not nil) with each one's index,
+// health (nil if unknown) and node reachability. Caller holds mu.
+func (s *Store) tally(svc *lbdv1.Service, rt *serviceRuntime, each func(i int, h *lbdv1.BackendHealth, reach lbdv1.Reachability)) tally {
+	t := tally{backends: len(svc.Backends)}
+	for i, b := range svc.Backends {
+		var h *lbdv1.BackendHealth
+		if rt != nil {
+			h = rt.health[b.Id]
+		}
+		reach := lbdv1.Reachability_REACHABILITY_UNSPECIFIED
+		r, known := s.nodeReach(b)
+		if known {
+			reach = lbdv1.Reachability_REACHABILITY_REACHABLE
+			if !r.Reachable {
+				reach = lbdv1.Reachability_REACHABILITY_UNREACHABLE
+			}
+		}
+		if each != nil {
+			each(i, h, reach)
+		}
+		switch {
+		case usable(b.State, h, reach):
+			t.usable++
+		case b.State == lbdv1.BackendState_BACKEND_STATE_DRAINING:
+			t.draining++
+		case b.State == lbdv1.BackendState_BACKEND_STATE_DISABLED:
+			t.disabled++
+		case reach == lbdv1.Reachability_REACHABILITY_UNREACHABLE:
+			if !slices.Contains(t.unreachable, r.Reason) {
+				t.unreachable = append(t.unreachable, r.Reason)
+			}
+		default:
+			t.down++
+		}
+	}
+	return t
+}
+
+// state is svc's state and, if asked, why. Caller holds mu.
+func (s *Store) state(svc *lbdv1.Service, rt *serviceRuntime, t tally, withReason bool) (lbdv1.ServiceState, string) {
+	why := func(format string, args ...any) string {
+		if !withReason {
+			return ""
+		}
+		return fmt.Sprintf(format, args...)
+	}
+	unreachable := func() string {
+		if len(t.unreachable) == 0 {
+			return ""
+		}
+		return "; unreachable: " + strings.Join(t.unreachable, "; ")
+	}
+	switch {
+	case s.opts.StatusReason != "":
+		return lbdv1.ServiceState_SERVICE_STATE_PENDING, s.opts.StatusReason
+	case rt == nil || rt.appliedRevision < svc.Revision:
+		return lbdv1.ServiceState_SERVICE_STATE_PENDING, why("revision %d not yet programmed into the datapath", svc.Revision)
+	case rt.appliedSeq < rt.wantSeq:
+		return lbdv1.ServiceState_SERVICE_STATE_PENDING,
+			"the backends that take new flows changed (health or next hop); not yet programmed into the datapath"
+	case rt.datapathErr != "":
+		return lbdv1.ServiceState_SERVICE_STATE_ERROR, why("datapath: %s", rt.datapathErr)
+	case t.backends == 0:
+		return lbdv1.ServiceState_SERVICE_STATE_NO_BACKENDS, why("the service has no backends; new flows are %s", noBackendVerb(svc))
+	case t.usable == 0:
+		return lbdv1.ServiceState_SERVICE_STATE_NO_BACKENDS,
+			why("none of %d backends is usable (%d draining, %d disabled, %d down%s); new flows are %s",
+				t.backends, t.draining, t.disabled, t.down, unreachable(), noBackendVerb(svc))
+	}
+	return lbdv1.ServiceState_SERVICE_STATE_READY, why("%d of %d backends usable%s", t.usable, t.backends, unreachable())
 }
 
 func noBackendVerb(svc *lbdv1.Service) string {
