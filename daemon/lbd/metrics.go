@@ -7,7 +7,6 @@ import (
 	"github.com/lbd-dev/lbd/daemon/metrics"
 	"github.com/lbd-dev/lbd/daemon/servicematch"
 	"github.com/lbd-dev/lbd/daemon/store"
-	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 )
 
 // newMetrics builds the node's metrics: the datapath's counters (dp is nil on a node
@@ -32,7 +31,7 @@ func newMetrics(cfg config.Config, dp *openingDatapath, st *store.Store, ready m
 	} else {
 		met = metrics.New(nil, nil, backends)
 	}
-	met.AddStatus(func() []*lbdv1.Service { return st.ListServices("") })
+	met.AddStatus(st.StatusCounts)
 	met.SetReady(ready)
 	met.AddDrained(st.Drained)
 	met.AddBuildInfo(Version, cfg.Roles)

@@ -6,7 +6,6 @@ import (
 
 	"github.com/lbd-dev/lbd/daemon/servicematch"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // StatsFunc reads the datapath's counters: every service's, and the backends' of the
@@ -26,60 +25,92 @@ func (b BackendSeries) For(service string) bool { return b.All || b.Services.Mat
 
 func (b BackendSeries) none() bool { return !b.All && b.Services.Empty() }
 
-// datapathCollector reads the BPF counters at scrape time.
-type datapathCollector struct {
-	stats    StatsFunc
-	backends BackendSeries
-}
-
-var (
-	svcPackets = prometheus.NewDesc("lbd_service_packets_total", "Packets forwarded for a service.", []string{"service"}, nil)
-	svcBytes   = prometheus.NewDesc("lbd_service_bytes_total", "Bytes (client IP packets) forwarded for a service.", []string{"service"}, nil)
-	svcFlows   = prometheus.NewDesc("lbd_service_new_flows_total", "New flows balanced for a service.", []string{"service"}, nil)
-	bePackets  = prometheus.NewDesc("lbd_backend_packets_total", "Packets forwarded to a backend (only with metrics.backend_series or metrics.backend_series_services).", []string{"service", "backend"}, nil)
-	beBytes    = prometheus.NewDesc("lbd_backend_bytes_total", "Bytes forwarded to a backend (only with metrics.backend_series or metrics.backend_series_services).", []string{"service", "backend"}, nil)
-	beFlows    = prometheus.NewDesc("lbd_backend_new_flows_total", "New flows balanced to a backend (only with metrics.backend_series or metrics.backend_series_services).", []string{"service", "backend"}, nil)
-	events     = prometheus.NewDesc("lbd_datapath_packets_total", "Datapath packets by event or drop reason.", []string{"reason"}, nil)
-	sockEvents = prometheus.NewDesc("lbd_socket_lb_calls_total", "Socket calls of local processes handled by socket-level load balancing, by event (connect, sendmsg, reverse, no_backend, revnat_full).", []string{"event"}, nil)
-	ctEvents   = prometheus.NewDesc("lbd_conntrack_events_total", "What the LB node's conntrack did, by event: inserted, tentative, confirmed, guard_skipped, guard_engaged, insert_failed, reclaimed.", []string{"event"}, nil)
+// Datapath families, written at scrape time from one read of the counters.
+const (
+	svcPackets = "lbd_service_packets_total"
+	svcBytes   = "lbd_service_bytes_total"
+	svcFlows   = "lbd_service_new_flows_total"
+	bePackets  = "lbd_backend_packets_total"
+	beBytes    = "lbd_backend_bytes_total"
+	beFlows    = "lbd_backend_new_flows_total"
+	events     = "lbd_datapath_packets_total"
+	sockEvents = "lbd_socket_lb_calls_total"
+	ctEvents   = "lbd_conntrack_events_total"
+	onlyWith   = " (only with metrics.backend_series or metrics.backend_series_services)"
 )
 
-func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{svcPackets, svcBytes, svcFlows, bePackets, beBytes, beFlows, events, sockEvents, ctEvents} {
-		ch <- d
-	}
-}
-
-func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
+// writeDatapath reads the datapath's counters and writes their families.
+func writeDatapath(t *textWriter, stats StatsFunc, backends BackendSeries) error {
 	var of func(string) bool
-	if !c.backends.none() {
-		of = c.backends.For
+	if !backends.none() {
+		of = backends.For
 	}
-	st, err := c.stats(of)
+	st, err := stats(of)
 	if err != nil {
-		ch <- prometheus.NewInvalidMetric(events, err)
-		return
+		return err
 	}
-	for _, s := range st.Services {
-		ch <- prometheus.MustNewConstMetric(svcPackets, prometheus.CounterValue, float64(s.Packets), s.ServiceName)
-		ch <- prometheus.MustNewConstMetric(svcBytes, prometheus.CounterValue, float64(s.Bytes), s.ServiceName)
-		ch <- prometheus.MustNewConstMetric(svcFlows, prometheus.CounterValue, float64(s.NewFlows), s.ServiceName)
-		for _, b := range s.Backends {
-			be := backendLabel(b.Address, b.Port)
-			ch <- prometheus.MustNewConstMetric(bePackets, prometheus.CounterValue, float64(b.Packets), s.ServiceName, be)
-			ch <- prometheus.MustNewConstMetric(beBytes, prometheus.CounterValue, float64(b.Bytes), s.ServiceName, be)
-			ch <- prometheus.MustNewConstMetric(beFlows, prometheus.CounterValue, float64(b.NewFlows), s.ServiceName, be)
+	svc := []struct {
+		name, help string
+		value      func(*lbdv1.ServiceStats) uint64
+	}{
+		{svcPackets, "Packets forwarded for a service.", (*lbdv1.ServiceStats).GetPackets},
+		{svcBytes, "Bytes (client IP packets) forwarded for a service.", (*lbdv1.ServiceStats).GetBytes},
+		{svcFlows, "New flows balanced for a service.", (*lbdv1.ServiceStats).GetNewFlows},
+	}
+	for _, f := range svc {
+		t.family(f.name, "counter", f.help)
+		for _, s := range st.Services {
+			t.counter(f.name, f.value(s), "service", s.ServiceName)
 		}
 	}
-	for _, r := range st.Reasons {
-		ch <- prometheus.MustNewConstMetric(events, prometheus.CounterValue, float64(r.Packets), r.Name)
+	if of != nil {
+		be := []struct {
+			name, help string
+			value      func(*lbdv1.BackendStats) uint64
+		}{
+			{bePackets, "Packets forwarded to a backend" + onlyWith + ".", (*lbdv1.BackendStats).GetPackets},
+			{beBytes, "Bytes forwarded to a backend" + onlyWith + ".", (*lbdv1.BackendStats).GetBytes},
+			{beFlows, "New flows balanced to a backend" + onlyWith + ".", (*lbdv1.BackendStats).GetNewFlows},
+		}
+		var labels []string // every backend's, in the order written
+		for _, s := range st.Services {
+			for _, b := range s.Backends {
+				labels = append(labels, backendLabel(b.Address, b.Port))
+			}
+		}
+		for _, f := range be {
+			t.family(f.name, "counter", f.help)
+			i := 0
+			for _, s := range st.Services {
+				for _, b := range s.Backends {
+					t.counter(f.name, f.value(b), "backend", labels[i], "service", s.ServiceName)
+					i++
+				}
+			}
+		}
 	}
-	for _, e := range st.SocketEvents {
-		ch <- prometheus.MustNewConstMetric(sockEvents, prometheus.CounterValue, float64(e.Count), e.Name)
+	if len(st.Reasons) > 0 {
+		t.family(events, "counter", "Datapath packets by event or drop reason.")
+		for _, r := range st.Reasons {
+			t.counter(events, r.Packets, "reason", r.Name)
+		}
 	}
-	for _, e := range st.ConntrackEvents {
-		ch <- prometheus.MustNewConstMetric(ctEvents, prometheus.CounterValue, float64(e.Count), e.Name)
+	for _, f := range []struct {
+		name, help string
+		events     []*lbdv1.EventCounter
+	}{
+		{sockEvents, "Socket calls of local processes handled by socket-level load balancing, by event (connect, sendmsg, reverse, no_backend, revnat_full).", st.SocketEvents},
+		{ctEvents, "What the LB node's conntrack did, by event: inserted, tentative, confirmed, guard_skipped, guard_engaged, insert_failed, reclaimed.", st.ConntrackEvents},
+	} {
+		if len(f.events) == 0 {
+			continue
+		}
+		t.family(f.name, "counter", f.help)
+		for _, e := range f.events {
+			t.counter(f.name, e.Count, "event", e.Name)
+		}
 	}
+	return nil
 }
 
 // backendLabel is a backend's label value: address:port, [address]:port for IPv6.

@@ -1,7 +1,9 @@
 package metrics
 
 import (
+	"compress/gzip"
 	"io"
+	"net/http"
 	"net/http/httptest"
 	"runtime"
 	"strings"
@@ -10,7 +12,10 @@ import (
 
 	"github.com/lbd-dev/lbd/daemon/gc"
 	"github.com/lbd-dev/lbd/daemon/servicematch"
+	"github.com/lbd-dev/lbd/daemon/store"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 func scrape(t *testing.T, m *Metrics) string {
@@ -51,22 +56,29 @@ func (f *fakeStats) read(backendsOf func(string) bool) (*lbdv1.GetStatsResponse,
 	return resp, nil
 }
 
-func services() []*lbdv1.Service {
-	be := func(addr string, h lbdv1.HealthState) *lbdv1.Backend {
-		return &lbdv1.Backend{Address: addr, Port: 80, Health: &lbdv1.BackendHealth{State: h}}
+// status answers as the store does: web is ready with one backend up and one down,
+// payments/api has none usable, both its backends unknown.
+func status(backendsOf func(string) bool) []store.StatusCounts {
+	out := []store.StatusCounts{
+		{Name: "payments/api", State: lbdv1.ServiceState_SERVICE_STATE_NO_BACKENDS, Unknown: 2},
+		{Name: "web", State: lbdv1.ServiceState_SERVICE_STATE_READY, Usable: 1, Advertised: true, Up: 1, Down: 1},
 	}
-	return []*lbdv1.Service{
-		{Name: "web", Status: &lbdv1.ServiceStatus{UsableBackends: 1, Advertised: true, State: lbdv1.ServiceState_SERVICE_STATE_READY},
-			Backends: []*lbdv1.Backend{be("2001:db8::1", lbdv1.HealthState_HEALTH_STATE_DOWN), be("198.18.1.2", lbdv1.HealthState_HEALTH_STATE_UP)}},
-		{Name: "payments/api", Status: &lbdv1.ServiceStatus{State: lbdv1.ServiceState_SERVICE_STATE_NO_BACKENDS},
-			Backends: []*lbdv1.Backend{be("2001:db8::1", lbdv1.HealthState_HEALTH_STATE_UNSPECIFIED), {Address: "198.18.1.2", Port: 80}}},
+	health := [][]store.BackendHealth{
+		{{Address: "2001:db8::1", Port: 80}, {Address: "198.18.1.2", Port: 80}},
+		{{Address: "2001:db8::1", Port: 80, Health: lbdv1.HealthState_HEALTH_STATE_DOWN}, {Address: "198.18.1.2", Port: 80, Health: lbdv1.HealthState_HEALTH_STATE_UP}},
 	}
+	for i := range out {
+		if backendsOf != nil && backendsOf(out[i].Name) {
+			out[i].Backends = health[i]
+		}
+	}
+	return out
 }
 
 func TestScrapeReadsCountersAndStatusEachTime(t *testing.T) {
 	f := &fakeStats{}
 	m := New(f.read, map[string]uint32{"conntrack": 1000}, BackendSeries{})
-	m.AddStatus(services)
+	m.AddStatus(status)
 	drained := false
 	m.AddDrained(func() bool { return drained })
 	m.AddBuildInfo("v1.2.3", []string{"backend", "lb"})
@@ -126,7 +138,7 @@ func TestBackendSeries(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			f := &fakeStats{}
 			m := New(f.read, nil, c.backends)
-			m.AddStatus(services)
+			m.AddStatus(status)
 			out := scrape(t, m)
 			for _, svc := range c.with {
 				for _, want := range []string{
@@ -165,4 +177,100 @@ func grep(text, substr string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestScrapeParses: what the handler writes, with per-backend series and a service name
+// that needs escaping, is the text format that Prometheus' own parser reads back, each
+// family once, with the values written; gzip-compressed when the client asks.
+func TestScrapeParses(t *testing.T) {
+	odd := `ns/we"b\x`
+	stats := func(func(string) bool) (*lbdv1.GetStatsResponse, error) {
+		return &lbdv1.GetStatsResponse{Services: []*lbdv1.ServiceStats{{ServiceName: odd, Packets: 1 << 62, Bytes: 5,
+			Backends: []*lbdv1.BackendStats{{Address: "2001:db8::1", Port: 80, Packets: 4}}}},
+			Reasons: []*lbdv1.Counter{{Name: "lb_drop_fib", Packets: 3}}}, nil
+	}
+	m := New(stats, nil, BackendSeries{All: true})
+	m.AddStatus(func(backendsOf func(string) bool) []store.StatusCounts {
+		c := store.StatusCounts{Name: odd, Unknown: 1}
+		if backendsOf(odd) {
+			c.Backends = []store.BackendHealth{{Address: "2001:db8::1", Port: 80}}
+		}
+		return []store.StatusCounts{c}
+	})
+	m.AddBuildInfo("v1", nil)
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(strings.NewReader(scrape(t, m)))
+	if err != nil {
+		t.Fatalf("the scrape does not parse: %v", err)
+	}
+	value := func(fam string, labels ...string) float64 {
+		t.Helper()
+		mf := fams[fam]
+		if mf == nil {
+			t.Fatalf("no family %s", fam)
+		}
+	metric:
+		for _, s := range mf.Metric {
+			for i := 0; i < len(labels); i += 2 {
+				found := false
+				for _, l := range s.Label {
+					found = found || (l.GetName() == labels[i] && l.GetValue() == labels[i+1])
+				}
+				if !found {
+					continue metric
+				}
+			}
+			if c := s.GetCounter(); c != nil {
+				return c.GetValue()
+			}
+			return s.GetGauge().GetValue()
+		}
+		t.Fatalf("%s%v not found", fam, labels)
+		return 0
+	}
+	if v := value("lbd_service_packets_total", "service", odd); v != 1<<62 {
+		t.Errorf("packets %v", v)
+	}
+	if v := value("lbd_backend_packets_total", "service", odd, "backend", "[2001:db8::1]:80"); v != 4 {
+		t.Errorf("backend packets %v", v)
+	}
+	if v := value("lbd_service_backends", "service", odd, "health", "unknown"); v != 1 {
+		t.Errorf("unknown backends %v", v)
+	}
+	if v := value("lbd_backend_health", "service", odd); v != -1 {
+		t.Errorf("backend health %v", v)
+	}
+	if v := value("lbd_build_info", "roles", "none"); v != 1 {
+		t.Errorf("build info %v", v)
+	}
+
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+	req, _ := http.NewRequest(http.MethodGet, srv.URL, nil)
+	req.Header.Set("Accept-Encoding", "gzip")
+	resp, err := http.DefaultTransport.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.Header.Get("Content-Encoding") != "gzip" {
+		t.Fatalf("Content-Encoding %q, want gzip", resp.Header.Get("Content-Encoding"))
+	}
+	zr, err := gzip.NewReader(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fams, err := p.TextToMetricFamilies(zr); err != nil || fams["lbd_service_packets_total"] == nil {
+		t.Fatalf("gzip scrape: %v", err)
+	}
+}
+
+func TestAcceptsGzip(t *testing.T) {
+	for h, want := range map[string]bool{
+		"gzip": true, "": false, "identity": false, "br, gzip;q=0.5": true, "gzip;q=0": false, "deflate, gzip ; q=0.0": false, "xgzip": false,
+	} {
+		if got := acceptsGzip(h); got != want {
+			t.Errorf("acceptsGzip(%q) = %v", h, got)
+		}
+	}
 }
