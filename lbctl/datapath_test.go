@@ -24,7 +24,9 @@ type fakeDatapath struct {
 	trace *lbdv1.TraceFlowResponse
 	conns *lbdv1.ListConnectionsResponse
 	stats *lbdv1.GetStatsResponse
-	socks *lbdv1.ListSocketTranslationsResponse
+	// statsSeq, when set, answers the GetStats calls in turn, over and over.
+	statsSeq []*lbdv1.GetStatsResponse
+	socks    *lbdv1.ListSocketTranslationsResponse
 	// sockAgo sets the creation time of socks' entries relative to the time of the call.
 	sockAgo []time.Duration
 	// seenAgo sets the last-seen time of conns' entries relative to the time of the call;
@@ -36,6 +38,7 @@ type fakeDatapath struct {
 	lists    []*lbdv1.ListConnectionsRequest
 	sockReqs []*lbdv1.ListSocketTranslationsRequest
 	statsN   int
+	statsReq []*lbdv1.GetStatsRequest
 	detaches int
 	detached bool
 	// hops and drift answer GetNode's next hops and VerifyNode.
@@ -72,10 +75,14 @@ func (f *fakeDatapath) ListSocketTranslations(_ context.Context, r *lbdv1.ListSo
 	return resp, nil
 }
 
-func (f *fakeDatapath) GetStats(context.Context, *lbdv1.GetStatsRequest) (*lbdv1.GetStatsResponse, error) {
+func (f *fakeDatapath) GetStats(_ context.Context, r *lbdv1.GetStatsRequest) (*lbdv1.GetStatsResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.statsN++
+	f.statsReq = append(f.statsReq, r)
+	if len(f.statsSeq) > 0 {
+		return f.statsSeq[(f.statsN-1)%len(f.statsSeq)], nil
+	}
 	return f.stats, nil
 }
 
