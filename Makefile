@@ -16,7 +16,7 @@ GORELEASER_VERSION := v2.15.1
 export HELM := $(TOOLS_DIR)/helm-$(HELM_VERSION)/helm
 export GORELEASER := $(TOOLS_DIR)/goreleaser-$(GORELEASER_VERSION)/goreleaser
 DEBIAN_PACKAGES := clang llvm libbpf-dev bpftool iproute2 ethtool tshark tcpdump bird2 frr \
-	nftables iperf3 netcat-openbsd iputils-ping curl git make python3 systemd strace man-db
+	nftables iperf3 netcat-openbsd iputils-ping curl git make python3 systemd strace man-db prometheus
 
 .PHONY: help deps build release-tools package check-package k8s-testbin docs check-docs generate check-generated test integration bench demo demo-down lint check clean
 

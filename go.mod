@@ -8,9 +8,11 @@ require (
 	github.com/dgryski/go-maglev v0.0.0-20200611225407-8961b9b1b8e6
 	github.com/go-logr/logr v1.4.4
 	github.com/gopacket/gopacket v1.7.7
+	github.com/grafana/grafana-foundation-sdk/go v0.0.22
 	github.com/hashicorp/go-hclog v1.6.3
 	github.com/osrg/gobgp/v3 v3.37.0
 	github.com/prometheus/client_golang v1.25.0
+	github.com/prometheus/common v0.72.0
 	github.com/spf13/cobra v1.10.2
 	github.com/spf13/pflag v1.0.10
 	github.com/vishvananda/netlink v1.3.1
@@ -61,7 +63,6 @@ require (
 	github.com/pelletier/go-toml/v2 v2.0.8 // indirect
 	github.com/pmezard/go-difflib v1.0.1-0.20181226105442-5d4384ee4fb2 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
-	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
 	github.com/russross/blackfriday/v2 v2.1.0 // indirect
 	github.com/sirupsen/logrus v1.9.4 // indirect

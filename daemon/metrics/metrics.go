@@ -80,6 +80,9 @@ func New(stats StatsFunc, capacities map[string]uint32, backends BackendSeries) 
 	}
 	m.reg.MustRegister(m.gcPasses, m.gcDeleted, m.gcDuration, m.gcInterval, m.entries, m.capacity, m.fill, m.reconcile, m.readErrors,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// Both sources start at 0, so that a rule can tell an increase from a missing series.
+	m.readErrors.WithLabelValues("datapath")
+	m.readErrors.WithLabelValues("registry")
 	for t, c := range capacities {
 		m.capacity.WithLabelValues(t).Set(float64(c))
 	}

@@ -115,6 +115,8 @@ var commandClasses = []struct {
 	{"go run ./examples/client", ClassDaemon, "the API client example"},
 
 	{"bird -p", ClassRun, "parses a BIRD configuration and exits"},
+	{"promtool check", ClassRun, "checks Prometheus configuration and rule files"},
+	{"promtool test rules", ClassRun, "runs the alert rules' unit tests"},
 	{"vtysh --dryrun", ClassRun, "parses an FRR configuration and exits"},
 
 	{"ip", ClassTestbed, "a node's links, addresses, routes and neighbours"},

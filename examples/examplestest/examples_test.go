@@ -8,10 +8,8 @@ package examplestest
 import (
 	"bufio"
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,8 +18,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/lbd-dev/lbd/bpf/backendtc"
-	"github.com/lbd-dev/lbd/bpf/lbxdp"
 	"github.com/lbd-dev/lbd/daemon/config"
 	"sigs.k8s.io/yaml"
 )
@@ -303,148 +299,6 @@ func TestRouterConfigs(t *testing.T) {
 			t.Errorf("vtysh --dryrun: %v\n%s", err, out)
 		}
 	})
-}
-
-// TestPrometheusConfig checks that every scrape target uses lbd's default metrics port.
-func TestPrometheusConfig(t *testing.T) {
-	var prom struct {
-		Global        map[string]string `json:"global"`
-		ScrapeConfigs []struct {
-			JobName       string `json:"job_name"`
-			StaticConfigs []struct {
-				Targets []string          `json:"targets"`
-				Labels  map[string]string `json:"labels"`
-			} `json:"static_configs"`
-		} `json:"scrape_configs"`
-	}
-	if err := yaml.UnmarshalStrict([]byte(readFile(t, "examples", "prometheus", "prometheus.yml")), &prom); err != nil {
-		t.Fatalf("prometheus.yml: %v", err)
-	}
-	_, wantPort, err := net.SplitHostPort(config.Default().MetricsListen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	targets := 0
-	for _, sc := range prom.ScrapeConfigs {
-		for _, st := range sc.StaticConfigs {
-			for _, target := range st.Targets {
-				targets++
-				if _, port, err := net.SplitHostPort(target); err != nil || port != wantPort {
-					t.Errorf("job %s: target %q is not host:%s (lbd's default metrics_listen)", sc.JobName, target, wantPort)
-				}
-			}
-		}
-	}
-	if targets == 0 {
-		t.Error("prometheus.yml scrapes nothing")
-	}
-}
-
-// exportedMetrics returns the metric names lbd registers, read from daemon/metrics.
-func exportedMetrics(t *testing.T) map[string]bool {
-	t.Helper()
-	files, err := filepath.Glob(path("daemon", "metrics", "*.go"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	re := regexp.MustCompile(`"(lbd_[a-z0-9_]+)"`)
-	names := map[string]bool{}
-	for _, f := range files {
-		if strings.HasSuffix(f, "_test.go") {
-			continue
-		}
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, m := range re.FindAllSubmatch(b, -1) {
-			names[string(m[1])] = true
-		}
-	}
-	// A sanity floor: the names are found by a pattern, which must keep matching.
-	for _, n := range []string{"lbd_service_packets_total", "lbd_datapath_packets_total", "lbd_reconcile_duration_seconds"} {
-		if !names[n] {
-			t.Fatalf("%s not found in daemon/metrics: the pattern no longer matches the source", n)
-		}
-	}
-	return names
-}
-
-// datapathReasons returns the reason label values of lbd_datapath_packets_total, as
-// daemon/datapath builds them from the two programs' counters.
-func datapathReasons(t *testing.T) []string {
-	t.Helper()
-	src := readFile(t, "daemon", "datapath", "inspect.go")
-	for _, prefix := range []string{`r.CounterName()`, `"backend_" + c.String()`} {
-		if !strings.Contains(src, prefix) {
-			t.Fatalf("daemon/datapath/inspect.go no longer builds reasons as %s: update this test and the dashboard", prefix)
-		}
-	}
-	var out []string
-	for _, r := range lbxdp.DropReasons() {
-		out = append(out, r.CounterName())
-	}
-	for _, c := range backendtc.AllCounters() {
-		out = append(out, "backend_"+c.String())
-	}
-	return out
-}
-
-// TestGrafanaDashboard checks that the dashboard is valid JSON whose every query uses
-// metric names lbd exports and reason values its datapath produces.
-func TestGrafanaDashboard(t *testing.T) {
-	var dash struct {
-		Title  string `json:"title"`
-		Panels []struct {
-			Title   string `json:"title"`
-			Targets []struct {
-				Expr string `json:"expr"`
-			} `json:"targets"`
-		} `json:"panels"`
-	}
-	dec := json.NewDecoder(strings.NewReader(readFile(t, "examples", "prometheus", "grafana-dashboard.json")))
-	if err := dec.Decode(&dash); err != nil {
-		t.Fatalf("grafana-dashboard.json: %v", err)
-	}
-	exported := exportedMetrics(t)
-	reasons := datapathReasons(t)
-	nameRE := regexp.MustCompile(`\blbd_[a-z0-9_]+`)
-	reasonRE := regexp.MustCompile(`reason=~?"([^"]+)"`)
-	queries := 0
-	for _, p := range dash.Panels {
-		for _, tg := range p.Targets {
-			queries++
-			names := nameRE.FindAllString(tg.Expr, -1)
-			if len(names) == 0 {
-				t.Errorf("panel %q: query %q uses no lbd metric", p.Title, tg.Expr)
-			}
-			for _, n := range names {
-				base := n
-				for _, suffix := range []string{"_bucket", "_sum", "_count"} {
-					if b, ok := strings.CutSuffix(n, suffix); ok && exported[b] {
-						base = b
-					}
-				}
-				if !exported[base] {
-					t.Errorf("panel %q: %s is not a metric lbd exports", p.Title, n)
-				}
-			}
-			for _, m := range reasonRE.FindAllStringSubmatch(tg.Expr, -1) {
-				for _, alt := range strings.Split(m[1], "|") {
-					re, err := regexp.Compile("^(?:" + alt + ")$")
-					if err != nil {
-						t.Fatalf("panel %q: reason %q: %v", p.Title, alt, err)
-					}
-					if !slices.ContainsFunc(reasons, re.MatchString) {
-						t.Errorf("panel %q: reason %q matches none of %v", p.Title, alt, reasons)
-					}
-				}
-			}
-		}
-	}
-	if queries == 0 {
-		t.Error("the dashboard has no queries")
-	}
 }
 
 // TestContainerfile checks the container recipe against the tree: the Go version, the

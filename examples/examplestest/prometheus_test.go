@@ -1,0 +1,342 @@
+package examplestest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http/httptest"
+	"os/exec"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/grafana/grafana-foundation-sdk/go/cog"
+	"github.com/grafana/grafana-foundation-sdk/go/cog/plugins"
+	"github.com/grafana/grafana-foundation-sdk/go/dashboard"
+	"github.com/lbd-dev/lbd/bpf/backendtc"
+	"github.com/lbd-dev/lbd/bpf/lbxdp"
+	"github.com/lbd-dev/lbd/daemon/advertise"
+	"github.com/lbd-dev/lbd/daemon/config"
+	"github.com/lbd-dev/lbd/daemon/gc"
+	"github.com/lbd-dev/lbd/daemon/metrics"
+	"github.com/lbd-dev/lbd/daemon/store"
+	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"sigs.k8s.io/yaml"
+)
+
+// TestPrometheusConfig checks the scrape configuration with promtool (which loads the
+// rule files it names) and that every target uses lbd's default metrics port.
+func TestPrometheusConfig(t *testing.T) {
+	var prom struct {
+		Global        map[string]string `json:"global"`
+		RuleFiles     []string          `json:"rule_files"`
+		ScrapeConfigs []struct {
+			JobName       string `json:"job_name"`
+			StaticConfigs []struct {
+				Targets []string          `json:"targets"`
+				Labels  map[string]string `json:"labels"`
+			} `json:"static_configs"`
+		} `json:"scrape_configs"`
+	}
+	if err := yaml.UnmarshalStrict([]byte(readFile(t, "examples", "prometheus", "prometheus.yml")), &prom); err != nil {
+		t.Fatalf("prometheus.yml: %v", err)
+	}
+	_, wantPort, err := net.SplitHostPort(config.Default().MetricsListen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	targets := 0
+	for _, sc := range prom.ScrapeConfigs {
+		for _, st := range sc.StaticConfigs {
+			for _, target := range st.Targets {
+				targets++
+				if _, port, err := net.SplitHostPort(target); err != nil || port != wantPort {
+					t.Errorf("job %s: target %q is not host:%s (lbd's default metrics_listen)", sc.JobName, target, wantPort)
+				}
+			}
+		}
+		if !strings.HasPrefix(sc.JobName, "lbd") {
+			t.Errorf("job %s: the alert LbdDown watches jobs named lbd*", sc.JobName)
+		}
+	}
+	if targets == 0 {
+		t.Error("prometheus.yml scrapes nothing")
+	}
+	if !slices.Contains(prom.RuleFiles, "lbd-alerts.yml") {
+		t.Errorf("prometheus.yml does not load lbd-alerts.yml: rule_files %v", prom.RuleFiles)
+	}
+	promtool(t, "check", "config", "prometheus.yml")
+}
+
+// TestPrometheusRules checks the alert rules with promtool, runs their unit tests, and
+// checks that they use only series and label values lbd exports by default.
+func TestPrometheusRules(t *testing.T) {
+	promtool(t, "check", "rules", "lbd-alerts.yml")
+	promtool(t, "test", "rules", "lbd-alerts.test.yml")
+	var rules struct {
+		Groups []struct {
+			Rules []struct {
+				Alert string `json:"alert"`
+				Expr  string `json:"expr"`
+			} `json:"rules"`
+		} `json:"groups"`
+	}
+	if err := yaml.Unmarshal([]byte(readFile(t, "examples", "prometheus", "lbd-alerts.yml")), &rules); err != nil {
+		t.Fatal(err)
+	}
+	def := defaultSeries(t)
+	n := 0
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			n++
+			checkQuery(t, "alert "+r.Alert, r.Expr, def)
+		}
+	}
+	if n < 10 {
+		t.Errorf("%d alert rules", n)
+	}
+}
+
+// promtool runs promtool in examples/prometheus and fails the test on an error.
+func promtool(t *testing.T, args ...string) {
+	t.Helper()
+	cmd := exec.Command(needTool(t, "promtool"), args...)
+	cmd.Dir = path("examples", "prometheus")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+// defaultSeries scrapes lbd's metrics as a node with every source builds them (LB and
+// backend datapath counters, services, BGP, tables) with the default configuration,
+// and returns the label values of each family: a query that needs anything else needs
+// a series lbd does not export by default.
+func defaultSeries(t *testing.T) map[string]map[string][]string {
+	t.Helper()
+	var reasons []*lbdv1.Counter
+	for _, r := range datapathReasons(t) {
+		reasons = append(reasons, &lbdv1.Counter{Name: r})
+	}
+	var ctEvents []*lbdv1.EventCounter
+	for _, e := range []string{"inserted", "tentative", "confirmed", "guard_skipped", "guard_engaged", "insert_failed", "reclaimed"} {
+		ctEvents = append(ctEvents, &lbdv1.EventCounter{Name: e})
+	}
+	stats := func(func(string) bool) (*lbdv1.GetStatsResponse, error) {
+		return &lbdv1.GetStatsResponse{Services: []*lbdv1.ServiceStats{{ServiceName: "web",
+			Backends: []*lbdv1.BackendStats{{Address: "198.18.1.10", Port: 80}}}}, Reasons: reasons, ConntrackEvents: ctEvents,
+			SocketEvents: []*lbdv1.EventCounter{{Name: "connect"}}}, nil
+	}
+	m := metrics.New(stats, map[string]uint32{"conntrack": 1 << 20, "nat": 1 << 18}, metrics.BackendSeries{})
+	m.AddStatus(func(func(string) bool) []store.StatusCounts { return []store.StatusCounts{{Name: "web", Up: 1}} })
+	m.SetReady(func() (bool, string) { return true, "ready" })
+	m.AddDrift(func() map[string]uint64 { return map[string]uint64{"maglev_table": 1} })
+	m.AddDrained(func() bool { return false })
+	m.AddBuildInfo("test", []string{"lb"})
+	m.AddBGP(func(context.Context) (advertise.Metrics, error) {
+		return advertise.Metrics{Running: true, Peers: []advertise.PeerMetrics{{Address: "198.18.0.254", AS: 65000, State: "established", Established: true}}}, nil
+	})
+	for _, table := range []string{"conntrack", "nat"} {
+		m.ObserveGC(gc.Pass{Table: table, Duration: time.Millisecond, Next: time.Second})
+	}
+	m.ObserveReconcile(time.Millisecond)
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+	resp, err := srv.Client().Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]map[string][]string{}
+	for name, mf := range fams {
+		labels := map[string][]string{}
+		for _, s := range mf.Metric {
+			for _, l := range s.Label {
+				labels[l.GetName()] = append(labels[l.GetName()], l.GetValue())
+			}
+		}
+		out[name] = labels
+	}
+	// A sanity floor, and the families that must stay out of the default.
+	for _, n := range []string{"lbd_service_packets_total", "lbd_service_backends", "lbd_build_info", "lbd_bgp_session_established"} {
+		if out[n] == nil {
+			t.Fatalf("the default scrape lacks %s", n)
+		}
+	}
+	for n := range out {
+		if strings.HasPrefix(n, "lbd_backend_") {
+			t.Fatalf("the default scrape has %s", n)
+		}
+	}
+	return out
+}
+
+var (
+	nameRE = regexp.MustCompile(`\blbd_[a-z0-9_]+`)
+	// matcherRE finds label matchers: name, operator, value.
+	matcherRE = regexp.MustCompile(`([a-z_]+)\s*(=~|!~|!=|=)\s*"([^"]*)"`)
+)
+
+// checkQuery fails if query uses an lbd series the default scrape lacks, or matches a
+// label of one with a value (or regular expression) that none of its series has.
+func checkQuery(t *testing.T, what, query string, def map[string]map[string][]string) {
+	t.Helper()
+	names := nameRE.FindAllString(query, -1)
+	if len(names) == 0 && !regexp.MustCompile(`^up\{`).MatchString(query) {
+		t.Errorf("%s: %q uses no lbd series (nor Prometheus' up)", what, query)
+	}
+	for _, n := range names {
+		base := n
+		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+			if b, ok := strings.CutSuffix(n, suffix); ok && def[b] != nil {
+				base = b
+			}
+		}
+		if def[base] == nil && def[n] == nil {
+			t.Errorf("%s: %s is not among the series lbd exports by default", what, n)
+		}
+	}
+	for _, m := range matcherRE.FindAllStringSubmatch(query, -1) {
+		label, op, value := m[1], m[2], m[3]
+		if strings.Contains(value, "$") || op == "!=" || op == "!~" || label == "job" || label == "instance" {
+			continue // dashboard variables, and labels Prometheus adds
+		}
+		var values []string
+		for _, fam := range names {
+			values = append(values, def[fam][label]...)
+		}
+		if len(values) == 0 {
+			t.Errorf("%s: no default series of %v has a label %s", what, names, label)
+			continue
+		}
+		for _, alt := range alternatives(value) {
+			re, err := regexp.Compile("^(?:" + alt + ")$")
+			if err != nil {
+				t.Fatalf("%s: %s=%q: %v", what, label, alt, err)
+			}
+			if op == "=" && !slices.Contains(values, alt) || op == "=~" && !slices.ContainsFunc(values, re.MatchString) {
+				t.Errorf("%s: %s%s%q matches none of %v", what, label, op, alt, values)
+			}
+		}
+	}
+}
+
+// alternatives splits a regular expression at its top-level |: a|b(c|d) is a, b(c|d).
+func alternatives(re string) []string {
+	var out []string
+	depth, start := 0, 0
+	for i, c := range re {
+		switch c {
+		case '(':
+			depth++
+		case ')':
+			depth--
+		case '|':
+			if depth == 0 {
+				out = append(out, re[start:i])
+				start = i + 1
+			}
+		}
+	}
+	return append(out, re[start:])
+}
+
+// datapathReasons returns the reason label values of lbd_datapath_packets_total, as
+// daemon/datapath builds them from the two programs' counters.
+func datapathReasons(t *testing.T) []string {
+	t.Helper()
+	src := readFile(t, "daemon", "datapath", "stats.go")
+	for _, prefix := range []string{`r.CounterName()`, `"backend_" + c.String()`} {
+		if !strings.Contains(src, prefix) {
+			t.Fatalf("daemon/datapath/stats.go no longer builds reasons as %s: update this test and the dashboard", prefix)
+		}
+	}
+	var out []string
+	for _, r := range lbxdp.DropReasons() {
+		out = append(out, r.CounterName())
+	}
+	for _, c := range backendtc.AllCounters() {
+		out = append(out, "backend_"+c.String())
+	}
+	return out
+}
+
+// TestGrafanaDashboard loads the dashboard with Grafana's dashboard schema (strictly:
+// unknown or missing fields are errors), checks its job, role and node (instance)
+// variables and that every query filters on them, and that every query uses only
+// series and label values lbd exports by default.
+func TestGrafanaDashboard(t *testing.T) {
+	raw := []byte(readFile(t, "examples", "prometheus", "grafana-dashboard.json"))
+	plugins.RegisterDefaultPlugins()
+	// The dashboard is in the JSON model Grafana imports (schemaVersion 39), which is
+	// this package's; dashboardv2 is another, newer model.
+	//lint:ignore SA1019 the classic dashboard model is the one the file is written in
+	var schema dashboard.Dashboard
+	err := schema.UnmarshalJSONStrict(raw)
+	var build cog.BuildErrors
+	if errors.As(err, &build) && len(build) == 0 {
+		err = nil // the schema's decoder returns its error list even when it is empty
+	}
+	if err != nil {
+		t.Fatalf("grafana-dashboard.json does not load with Grafana's dashboard schema:\n%v", err)
+	}
+	if err := schema.Validate(); err != nil {
+		t.Fatalf("grafana-dashboard.json: %v", err)
+	}
+	// The schema's decoder keeps no panel it decoded without error (the same empty
+	// error list): the queries are read on their own.
+	var d struct {
+		Templating struct {
+			List []struct {
+				Name  string `json:"name"`
+				Query any    `json:"query"`
+			} `json:"list"`
+		} `json:"templating"`
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(raw, &d); err != nil {
+		t.Fatal(err)
+	}
+	vars := map[string]bool{}
+	for _, v := range d.Templating.List {
+		vars[v.Name] = v.Query != nil
+	}
+	for _, name := range []string{"datasource", "job", "role", "instance"} {
+		if !vars[name] {
+			t.Errorf("the dashboard has no %s variable with a query", name)
+		}
+	}
+	def := defaultSeries(t)
+	queries := 0
+	selRE := regexp.MustCompile(`\blbd_[a-z0-9_]+(\{[^}]*\})?`)
+	for _, p := range d.Panels {
+		for _, tg := range p.Targets {
+			queries++
+			checkQuery(t, "panel "+p.Title, tg.Expr, def)
+			for _, sel := range selRE.FindAllStringSubmatch(tg.Expr, -1) {
+				if !strings.Contains(sel[1], `instance=~"$instance"`) {
+					t.Errorf("panel %q: %s does not filter on the node variable ($instance)", p.Title, sel[0])
+				}
+			}
+		}
+	}
+	if queries < 15 {
+		t.Errorf("the dashboard has %d queries", queries)
+	}
+}
