@@ -7,11 +7,13 @@ import (
 	"github.com/lbd-dev/lbd/daemon/metrics"
 	"github.com/lbd-dev/lbd/daemon/servicematch"
 	"github.com/lbd-dev/lbd/daemon/store"
+	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 )
 
 // newMetrics builds the node's metrics: the datapath's counters (dp is nil on a node
-// without a datapath; none until it is open), the services' status from the store, readiness, the drain flag
-// and the build, with per-backend series only for what cfg.Metrics chooses.
+// without a datapath; there are none until it is open), the services' status from the
+// store, readiness, the drain flag and the build, with per-backend series only for what
+// cfg.Metrics chooses.
 func newMetrics(cfg config.Config, dp *openingDatapath, st *store.Store, ready metrics.ReadyFunc) (*metrics.Metrics, error) {
 	listed, err := servicematch.Compile(cfg.Metrics.BackendSeriesServices)
 	if err != nil {
