@@ -161,7 +161,9 @@ func (n *scaleNode) metrics(tb testing.TB, m config.Metrics) http.Handler {
 	if err := cfg.Validate(); err != nil {
 		tb.Fatal(err)
 	}
-	met, err := newMetrics(cfg, n.mgr, n.st, n.mgr.Ready)
+	dp := &openingDatapath{}
+	dp.set(n.mgr)
+	met, err := newMetrics(cfg, dp, n.st, n.mgr.Ready)
 	if err != nil {
 		tb.Fatal(err)
 	}
