@@ -205,9 +205,35 @@ type Log struct {
 
 // API configures the gRPC listeners.
 type API struct {
-	// Socket is the Unix socket path (mode 0600); empty disables it.
+	// Socket is the Unix socket path; empty disables it.
 	Socket string `json:"socket"`
-	TCP    TCP    `json:"tcp"`
+	// SocketMode is the socket's permissions, in octal: "0600" (lbd's user only) or
+	// "0660" (and the members of socket_group). What a client may do is the policy's.
+	SocketMode string `json:"socket_mode"`
+	// SocketGroup is the socket's group (name or gid); empty leaves lbd's own.
+	SocketGroup string `json:"socket_group"`
+	TCP         TCP    `json:"tcp"`
+	// PolicyFile is the authorization policy (docs/security.md). Empty: root and lbd's
+	// user are admin on the socket, and every TCP client is denied.
+	PolicyFile string `json:"policy_file"`
+	// PolicyCheckInterval is how often the policy file is checked for a change (SIGHUP
+	// reloads it at once); 0 disables the check.
+	PolicyCheckInterval Duration `json:"policy_check_interval"`
+	// Audit is the audit trail of changing and refused calls.
+	Audit Audit `json:"audit"`
+	// RateLimit bounds each principal's calls.
+	RateLimit RateLimit `json:"rate_limit"`
+	// MaxConcurrentStreams bounds the calls one connection has open at once.
+	MaxConcurrentStreams uint32 `json:"max_concurrent_streams"`
+	// MaxRecvMsgBytes bounds one request message; a larger one is refused with
+	// RESOURCE_EXHAUSTED before it is decoded.
+	MaxRecvMsgBytes int `json:"max_recv_msg_bytes"`
+	// StreamSendTimeout ends a stream (DEADLINE_EXCEEDED) whose client has not read a
+	// message for this long; 0 never does.
+	StreamSendTimeout Duration `json:"stream_send_timeout"`
+	// KeepaliveMinTime is the shortest interval at which clients may send keepalive
+	// pings; a client pinging more often is disconnected (GOAWAY).
+	KeepaliveMinTime Duration `json:"keepalive_min_time"`
 	// MaxWatchers bounds the WatchServices streams open at once (a Kubernetes adapter
 	// holds one); one more is refused with RESOURCE_EXHAUSTED.
 	MaxWatchers int `json:"max_watchers"`
@@ -217,9 +243,6 @@ type API struct {
 	// its datapath status twice while a watcher keeps reading.
 	WatchBacklog int `json:"watch_backlog"`
 }
-
-// Watch bounds of Default.
-const defaultMaxWatchers = 256
 
 // WatchBacklogOrDefault is WatchBacklog, or its default for the limits.
 func (c Config) WatchBacklogOrDefault() int {
@@ -245,7 +268,7 @@ func Default() Config {
 	return Config{
 		Log:      Log{Level: "info"},
 		StateDir: "/var/lib/lbd",
-		API:      API{Socket: "/run/lbd/lbd.sock", MaxWatchers: defaultMaxWatchers},
+		API:      defaultAPI(),
 		Limits:   store.DefaultLimits(),
 		Datapath: Datapath{
 			BPFFSDir:           "/sys/fs/bpf/lbd",
@@ -314,6 +337,7 @@ func (c Config) Validate() error {
 			errs = append(errs, errors.New("api.tcp: the TCP listener requires cert_file, key_file and client_ca_file (mutual TLS only)"))
 		}
 	}
+	errs = append(errs, c.API.validateSecurity()...)
 	if c.API.MaxWatchers < 1 {
 		errs = append(errs, fmt.Errorf("api.max_watchers: must be at least 1, got %d", c.API.MaxWatchers))
 	}

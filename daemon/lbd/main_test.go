@@ -19,11 +19,14 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
-// lbdBin is the real lbd binary, built once by TestMain: these tests run it as a child
-// process, the way an operator or systemd does.
-var lbdBin string
+// lbdBin and lbctlBin are the real binaries, built once by TestMain: these tests run
+// them as child processes, the way an operator or systemd does.
+var lbdBin, lbctlBin string
 
 func TestMain(m *testing.M) {
+	if socket := os.Getenv(connectHelperEnv); socket != "" {
+		os.Exit(connectHelper(socket))
+	}
 	os.Exit(runTests(m))
 }
 
@@ -39,11 +42,22 @@ func runTests(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	lbdBin = filepath.Join(dir, "lbd")
-	build := exec.Command("go", "build", "-o", lbdBin, "./cmd/lbd")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build lbd: %v\n%s", err, out)
+	// Other users run lbctl and the connect helper from here (the authorization tests).
+	if err := os.Chmod(dir, 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, "open build directory:", err)
+		return 1
+	}
+	lbdBin, lbctlBin = filepath.Join(dir, "lbd"), filepath.Join(dir, "lbctl")
+	for bin, pkg := range map[string]string{lbdBin: "./cmd/lbd", lbctlBin: "./cmd/lbctl"} {
+		build := exec.Command("go", "build", "-o", bin, pkg)
+		build.Dir = root
+		if out, err := build.CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "build %s: %v\n%s", pkg, err, out)
+			return 1
+		}
+	}
+	if helperBin, err = copyHelper(dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	return m.Run()

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -190,7 +192,16 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 	if withDatapath {
 		apiOpts.Datapath = dp
 	}
-	srv, err := startAPI(cfg.API, api.New(apiOpts), log)
+	sec, err := newSecurity(cfg.API, st, met, log)
+	if err != nil {
+		return err
+	}
+	defer sec.close()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	workers.Go(func() { sec.run(ctx, hup) })
+	srv, err := startAPI(cfg.API, api.New(apiOpts), sec, log)
 	if err != nil {
 		return err
 	}

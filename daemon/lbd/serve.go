@@ -9,12 +9,14 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/lbd-dev/lbd/daemon/api"
 	"github.com/lbd-dev/lbd/daemon/config"
+	"github.com/lbd-dev/lbd/daemon/peercred"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
@@ -35,11 +37,12 @@ type apiServers struct {
 	errc chan error
 }
 
-// startAPI listens and serves the API.
-func startAPI(c config.API, apiSrv *api.Server, log hclog.Logger) (*apiServers, error) {
+// startAPI listens and serves the API, every call through sec's interceptors.
+func startAPI(c config.API, apiSrv *api.Server, sec *apiSecurity, log hclog.Logger) (*apiServers, error) {
 	s := &apiServers{api: apiSrv, health: health.NewServer(), errc: make(chan error, 2)}
-	var opts []grpc.ServerOption
+	opts := slices.Concat(sec.opts, []grpc.ServerOption{grpc.ChainStreamInterceptor(apiSrv.StreamInterceptor)})
 	var tcpLn net.Listener
+	tcpOpts := opts
 	if c.TCP.Listen != "" {
 		tlsCfg, err := serverTLS(c.TCP)
 		if err != nil {
@@ -48,19 +51,18 @@ func startAPI(c config.API, apiSrv *api.Server, log hclog.Logger) (*apiServers, 
 		if tcpLn, err = net.Listen("tcp", c.TCP.Listen); err != nil {
 			return nil, fmt.Errorf("listen on %s: %w", c.TCP.Listen, err)
 		}
-		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
+		tcpOpts = slices.Concat(opts, []grpc.ServerOption{grpc.Creds(credentials.NewTLS(tlsCfg))})
 	}
-	opts = append(opts, grpc.ChainStreamInterceptor(apiSrv.StreamInterceptor))
-	// The Unix socket needs no TLS: its 0600 mode restricts it to the daemon's user.
-	s.unix = grpc.NewServer(grpc.ChainStreamInterceptor(apiSrv.StreamInterceptor))
-	s.tcp = grpc.NewServer(opts...)
+	// The Unix socket needs no TLS: the kernel tells who connected (SO_PEERCRED).
+	s.unix = grpc.NewServer(slices.Concat(opts, []grpc.ServerOption{grpc.Creds(peercred.Credentials{})})...)
+	s.tcp = grpc.NewServer(tcpOpts...)
 	for _, g := range []*grpc.Server{s.unix, s.tcp} {
 		apiSrv.Register(g)
 		healthpb.RegisterHealthServer(g, s.health)
 		reflection.Register(g)
 	}
 	if c.Socket != "" {
-		ln, err := listenUnix(c.Socket)
+		ln, err := listenUnix(c)
 		if err != nil {
 			if tcpLn != nil {
 				tcpLn.Close()
@@ -69,7 +71,7 @@ func startAPI(c config.API, apiSrv *api.Server, log hclog.Logger) (*apiServers, 
 		}
 		s.socket = c.Socket
 		go func() { s.errc <- s.unix.Serve(ln) }()
-		log.Info("API listening", "op", "start", "socket", c.Socket)
+		log.Info("API listening", "op", "start", "socket", c.Socket, "mode", c.SocketMode, "group", c.SocketGroup)
 	}
 	if tcpLn != nil {
 		go func() { s.errc <- s.tcp.Serve(tcpLn) }()
@@ -103,9 +105,15 @@ func (s *apiServers) remove() {
 	}
 }
 
-// listenUnix listens on a Unix socket created with mode 0600. A stale socket file from
-// a crashed daemon is replaced; a live one is an error.
-func listenUnix(path string) (net.Listener, error) {
+// listenUnix listens on the API's Unix socket with the mode and group of c, reading
+// each client's credentials as it connects. A stale socket file from a crashed daemon is
+// replaced; a live one is an error.
+func listenUnix(c config.API) (net.Listener, error) {
+	path := c.Socket
+	mode, gid, err := c.SocketPerm()
+	if err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("create socket directory: %w", err)
 	}
@@ -117,14 +125,24 @@ func listenUnix(path string) (net.Listener, error) {
 		return nil, fmt.Errorf("remove stale socket: %w", err)
 	}
 	// The umask makes the socket 0600 from its creation: no window in which others could
-	// connect.
+	// connect before its group and mode are set.
 	old := syscall.Umask(0o177)
-	ln, err := net.Listen("unix", path)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
 	syscall.Umask(old)
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", path, err)
 	}
-	return ln, nil
+	if gid >= 0 {
+		if err := os.Chown(path, -1, gid); err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("api.socket_group: %w", err)
+		}
+	}
+	if err := os.Chmod(path, mode); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("api.socket_mode: %w", err)
+	}
+	return peercred.NewListener(ln), nil
 }
 
 // serverTLS builds the TCP listener's TLS configuration: mutual TLS, client certificates

@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -166,7 +167,10 @@ func TestMutualTLS(t *testing.T) {
 	f := newTLSFixture(t)
 	addr := freePort(t)
 	in := newInstance(t)
-	startLBD(t, in, f.args(addr)...)
+	dir := t.TempDir()
+	policy := writeFile(t, dir, "policy.yaml", []byte("rules:\n  - role: reader\n    principals: [\"CN=lbctl\"]\n"))
+	cfg := writeFile(t, dir, "lbd.yaml", []byte("api:\n  policy_file: "+policy+"\n"))
+	startLBD(t, in, append(f.args(addr), "--config", cfg, "--metrics-listen", "")...)
 
 	roots := x509.NewCertPool()
 	roots.AddCert(f.ca.cert)
@@ -176,7 +180,7 @@ func TestMutualTLS(t *testing.T) {
 
 	res, err := getNodeTCP(t, addr, clientTLS(f.clientCert))
 	if err != nil {
-		t.Fatalf("GetNode with a valid client certificate: %v", err)
+		t.Fatalf("GetNode with a valid client certificate the policy names: %v", err)
 	}
 	if res.Node.GetVersion() == "" {
 		t.Errorf("GetNode over TCP: %v, want the node with its version", res)
@@ -201,6 +205,20 @@ func TestMutualTLS(t *testing.T) {
 			}
 			t.Logf("refused: %v", err)
 		})
+	}
+}
+
+// TestTCPDeniedWithoutPolicy checks the default: without a policy file, a client with a
+// valid certificate is authenticated and then refused every call.
+func TestTCPDeniedWithoutPolicy(t *testing.T) {
+	f := newTLSFixture(t)
+	addr := freePort(t)
+	startLBD(t, newInstance(t), append(f.args(addr), "--metrics-listen", "")...)
+	roots := x509.NewCertPool()
+	roots.AddCert(f.ca.cert)
+	_, err := getNodeTCP(t, addr, credentials.NewTLS(&tls.Config{RootCAs: roots, ServerName: f.serverName, Certificates: []tls.Certificate{f.clientCert}}))
+	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "grants nothing on tcp") {
+		t.Fatalf("GetNode without a policy: %v, want PERMISSION_DENIED saying the policy grants nothing on TCP", err)
 	}
 }
 

@@ -41,6 +41,9 @@ type Metrics struct {
 	readErrors *prometheus.CounterVec
 }
 
+// Register adds other packages' collectors (the API's counters) to the registry.
+func (m *Metrics) Register(cs ...prometheus.Collector) { m.reg.MustRegister(cs...) }
+
 // New builds the registry. stats may be nil on a node without a datapath; capacities
 // are the sizes of the conntrack ("conntrack") and NAT ("nat") tables; backends says
 // which services' backends get series of their own (AddStatus follows it too).

@@ -316,6 +316,14 @@ func (s *Store) SnapshotAndListen(l Listener) ([]*lbdv1.Service, uint64, func())
 	}
 }
 
+// Seq returns the sequence of the last change the store published: the audit trail
+// records it after each change.
+func (s *Store) Seq() uint64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.seq
+}
+
 // Counts returns the number of services and backends.
 func (s *Store) Counts() (services, backends int) {
 	s.mu.RLock()

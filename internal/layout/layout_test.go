@@ -59,6 +59,26 @@ var rules = []rule{
 		why: "the datapath manager is the only writer of BPF maps",
 	},
 	{
+		pkgs:         "daemon/peercred",
+		neverImports: []string{"daemon/...", "proto/..."},
+		why:          "who is at the other end of a socket is a fact of the transport, not of lbd's API",
+	},
+	{
+		pkgs:        "daemon/authz",
+		importsOnly: []string{"daemon/peercred", "proto/..."},
+		why:         "the policy decides on identities and requests alone; it sees stored owners only through the function it is given",
+	},
+	{
+		pkgs:        "daemon/audit",
+		importsOnly: []string{"daemon/authz", "proto/..."},
+		why:         "the audit trail records calls as the API sees them, whatever serves them",
+	},
+	{
+		pkgs:        "daemon/throttle",
+		importsOnly: []string{"daemon/authz"},
+		why:         "limits apply to principals, whatever the call",
+	},
+	{
 		pkgs:         "internal/...",
 		neverImports: []string{"daemon/...", "lbctl/...", "cmd/..."},
 		why:          "internal/ holds test support and shared helpers that any part may use, so it uses none",

@@ -1,0 +1,84 @@
+package lbd
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/lbd-dev/lbd/daemon/audit"
+	"github.com/lbd-dev/lbd/daemon/authz"
+	"github.com/lbd-dev/lbd/daemon/config"
+	"github.com/lbd-dev/lbd/daemon/metrics"
+	"github.com/lbd-dev/lbd/daemon/store"
+	"github.com/lbd-dev/lbd/daemon/throttle"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+)
+
+// apiSecurity is what stands between a client and the API: the audit recorder and
+// request counters, the rate limit and stream deadlines, the authorization policy.
+type apiSecurity struct {
+	guard    *authz.Guard
+	reloader *authz.Reloader
+	trail    *audit.Log
+	recorder *audit.Recorder
+	limiter  *throttle.Limiter
+	opts     []grpc.ServerOption
+}
+
+// newSecurity loads the policy and builds the interceptors and server options both
+// listeners share.
+func newSecurity(c config.API, st *store.Store, met *metrics.Metrics, log hclog.Logger) (*apiSecurity, error) {
+	self := uint32(os.Geteuid())
+	p, err := authz.Load(c.PolicyFile, self)
+	if err != nil {
+		return nil, fmt.Errorf("api.policy_file: %w", err)
+	}
+	owner := func(name string) (string, bool) {
+		svc, err := st.GetService(name)
+		if err != nil {
+			return "", false
+		}
+		return svc.GetOwner(), true
+	}
+	s := &apiSecurity{
+		guard: authz.NewGuard(p, owner),
+		trail: audit.Open(audit.Options{File: c.Audit.File, MaxSizeMB: c.Audit.MaxSizeMB, MaxBackups: c.Audit.MaxBackups,
+			MaxAgeDays: c.Audit.MaxAgeDays, Logger: log.Named("audit")}),
+		limiter: throttle.New(throttle.Options{Rate: c.RateLimit.Rate, Burst: c.RateLimit.Burst,
+			SendTimeout: time.Duration(c.StreamSendTimeout)}),
+	}
+	s.recorder = audit.NewRecorder(s.trail, owner, st.Seq, throttle.IsLimited)
+	met.Register(s.recorder.Collectors()...)
+	met.Register(s.limiter.Collectors()...)
+	plog := log.Named("authz")
+	s.reloader = &authz.Reloader{Guard: s.guard, Path: c.PolicyFile, Self: self, Interval: time.Duration(c.PolicyCheckInterval),
+		OnReload: func(trigger string, p *authz.Policy, err error) {
+			s.trail.Reload(trigger, p, err)
+			if err != nil {
+				plog.Error("policy not reloaded; the previous one stays in force", "op", "reload", "trigger", trigger, "error", err)
+				return
+			}
+			plog.Info("policy reloaded", "op", "reload", "trigger", trigger, "policy", p.String(), "sha256", p.Digest)
+		}}
+	s.trail.Reload("start", p, nil)
+	plog.Info("authorization policy", "op", "start", "policy", p.String(), "sha256", p.Digest)
+	s.opts = []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(s.recorder.UnaryInterceptor, s.limiter.UnaryInterceptor, s.guard.UnaryInterceptor),
+		grpc.ChainStreamInterceptor(s.recorder.StreamInterceptor, s.limiter.StreamInterceptor, s.guard.StreamInterceptor),
+		grpc.MaxConcurrentStreams(c.MaxConcurrentStreams),
+		grpc.MaxRecvMsgSize(c.MaxRecvMsgBytes),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Duration(c.KeepaliveMinTime), PermitWithoutStream: true}),
+		// Pings an idle connection's client to find peers that went away without closing.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 2 * time.Minute, Timeout: 20 * time.Second}),
+	}
+	return s, nil
+}
+
+// run reloads the policy on SIGHUP (hup) and when its file changes, until ctx ends.
+func (s *apiSecurity) run(ctx context.Context, hup <-chan os.Signal) { s.reloader.Run(ctx, hup) }
+
+// close closes the audit file.
+func (s *apiSecurity) close() error { return s.trail.Close() }

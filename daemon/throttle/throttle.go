@@ -1,0 +1,167 @@
+// Package throttle bounds what one API client can take: a call rate per principal
+// (answered with RESOURCE_EXHAUSTED above it) and a deadline on every message a stream
+// sends, so a client that stops reading cannot hold a stream and its memory forever.
+package throttle
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/lbd-dev/lbd/daemon/authz"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Options configure a Limiter.
+type Options struct {
+	// Rate is the calls per second each principal may make (a stream counts once, when
+	// it opens); 0 disables the limit. Burst is how many it may make at once.
+	Rate  float64
+	Burst int
+	// SendTimeout bounds how long one message of a stream may wait for the client to
+	// read; 0 disables it.
+	SendTimeout time.Duration
+}
+
+// maxPrincipals bounds the limiters kept: past it, those idle for a minute are dropped,
+// and if none is, new principals share one limiter.
+const maxPrincipals = 10000
+
+// idle is how long a principal's limiter is kept without a call once the table is full.
+const idle = time.Minute
+
+// Limiter implements the limits as interceptors, to install after the audit recorder
+// and before the authorization.
+type Limiter struct {
+	opts     Options
+	mu       sync.Mutex
+	clients  map[string]*client
+	overflow *rate.Limiter
+	limited  *prometheus.CounterVec
+	stalled  prometheus.Counter
+}
+
+type client struct {
+	lim  *rate.Limiter
+	last time.Time
+}
+
+// New returns a limiter.
+func New(opts Options) *Limiter {
+	return &Limiter{
+		opts:     opts,
+		clients:  map[string]*client{},
+		overflow: rate.NewLimiter(rate.Limit(opts.Rate), opts.Burst),
+		limited: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "lbd_api_rate_limited_total", Help: "API calls refused with RESOURCE_EXHAUSTED because their principal was above api.rate_limit, by transport.",
+		}, []string{"transport"}),
+		stalled: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "lbd_api_stalled_streams_total", Help: "Streams ended because a message waited longer than api.stream_send_timeout for the client to read.",
+		}),
+	}
+}
+
+// Collectors are the limiter's metrics.
+func (l *Limiter) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{l.limited, l.stalled}
+}
+
+// limitedMsg starts every rate-limit refusal (IsLimited).
+const limitedMsg = "rate limit: "
+
+// IsLimited reports whether err is a rate-limit refusal of this package.
+func IsLimited(err error) bool {
+	s, ok := status.FromError(err)
+	return ok && s.Code() == codes.ResourceExhausted && strings.HasPrefix(s.Message(), limitedMsg)
+}
+
+// allow takes one call from the caller's budget.
+func (l *Limiter) allow(ctx context.Context) error {
+	if l.opts.Rate <= 0 {
+		return nil
+	}
+	id, err := authz.IdentityOf(ctx)
+	if err != nil {
+		return nil // the authorization refuses it
+	}
+	key := string(id.Transport) + " " + id.Principal()
+	if l.limiter(key).Allow() {
+		return nil
+	}
+	l.limited.WithLabelValues(string(id.Transport)).Inc()
+	return status.Errorf(codes.ResourceExhausted, "%s%s made more than %g calls per second (burst %d, api.rate_limit); slow down and retry",
+		limitedMsg, id.Principal(), l.opts.Rate, l.opts.Burst)
+}
+
+func (l *Limiter) limiter(key string) *rate.Limiter {
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c := l.clients[key]
+	if c == nil {
+		if len(l.clients) >= maxPrincipals {
+			for k, o := range l.clients {
+				if now.Sub(o.last) > idle {
+					delete(l.clients, k)
+				}
+			}
+		}
+		if len(l.clients) >= maxPrincipals {
+			return l.overflow
+		}
+		c = &client{lim: rate.NewLimiter(rate.Limit(l.opts.Rate), l.opts.Burst)}
+		l.clients[key] = c
+	}
+	c.last = now
+	return c.lim
+}
+
+// UnaryInterceptor implements grpc.UnaryServerInterceptor.
+func (l *Limiter) UnaryInterceptor(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if err := l.allow(ctx); err != nil {
+		return nil, err
+	}
+	return handler(ctx, req)
+}
+
+// StreamInterceptor implements grpc.StreamServerInterceptor. With a send timeout, the
+// handler runs apart: when one of its messages waits too long for the client, the call
+// ends with DEADLINE_EXCEEDED, which closes the stream and so ends the blocked send.
+func (l *Limiter) StreamInterceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if err := l.allow(ss.Context()); err != nil {
+		return err
+	}
+	if l.opts.SendTimeout <= 0 {
+		return handler(srv, ss)
+	}
+	ws := &watchedStream{ServerStream: ss, timeout: l.opts.SendTimeout, stalled: make(chan struct{})}
+	done := make(chan error, 1)
+	go func() { done <- handler(srv, ws) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ws.stalled:
+		l.stalled.Inc()
+		return status.Error(codes.DeadlineExceeded, fmt.Sprintf("a message of this stream waited more than %s for the client to read it (api.stream_send_timeout); the stream is ended", l.opts.SendTimeout))
+	}
+}
+
+// watchedStream times each SendMsg.
+type watchedStream struct {
+	grpc.ServerStream
+	timeout time.Duration
+	once    sync.Once
+	stalled chan struct{}
+}
+
+func (s *watchedStream) SendMsg(m any) error {
+	t := time.AfterFunc(s.timeout, func() { s.once.Do(func() { close(s.stalled) }) })
+	defer t.Stop()
+	return s.ServerStream.SendMsg(m)
+}
