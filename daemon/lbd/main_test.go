@@ -83,7 +83,7 @@ func moduleRoot() (string, error) {
 
 // shortTempDir returns a fresh directory removed at the end of the test. Unix socket paths
 // are limited to 108 bytes, which t.TempDir's long names can exceed.
-func shortTempDir(t *testing.T) string {
+func shortTempDir(t testing.TB) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "lbd-")
 	if err != nil {
@@ -99,7 +99,7 @@ type instance struct {
 	socket   string
 }
 
-func newInstance(t *testing.T) instance {
+func newInstance(t testing.TB) instance {
 	dir := shortTempDir(t)
 	return instance{stateDir: filepath.Join(dir, "state"), socket: filepath.Join(dir, "lbd.sock")}
 }
@@ -139,7 +139,7 @@ type proc struct {
 
 // spawn starts lbd with args. The process is killed (by its PID) at the end of the test
 // if it is still running.
-func spawn(t *testing.T, args ...string) *proc {
+func spawn(t testing.TB, args ...string) *proc {
 	t.Helper()
 	return spawnCmd(t, exec.Command(lbdBin, args...))
 }
@@ -182,7 +182,7 @@ func (p *proc) signal(t *testing.T, sig syscall.Signal) {
 
 // wait waits for the process to exit and returns its exit code; -1 means it was killed
 // by a signal.
-func (p *proc) wait(t *testing.T, timeout time.Duration) int {
+func (p *proc) wait(t testing.TB, timeout time.Duration) int {
 	t.Helper()
 	select {
 	case <-p.done:
@@ -211,7 +211,7 @@ func (p *proc) exited() bool {
 }
 
 // startLBD starts lbd on in and returns once its API on the Unix socket reports SERVING.
-func startLBD(t *testing.T, in instance, extra ...string) (*proc, *grpc.ClientConn) {
+func startLBD(t testing.TB, in instance, extra ...string) (*proc, *grpc.ClientConn) {
 	t.Helper()
 	p := spawn(t, in.args(extra...)...)
 	deadline := time.Now().Add(15 * time.Second)
@@ -241,7 +241,7 @@ func startLBD(t *testing.T, in instance, extra ...string) (*proc, *grpc.ClientCo
 // dialUnix returns a client of the socket, closed at the end of the test. It accepts
 // replies beyond gRPC's 4 MiB default so that the size of a large state (logged by the
 // restart test) is not mistaken for a daemon failure.
-func dialUnix(t *testing.T, socket string) *grpc.ClientConn {
+func dialUnix(t testing.TB, socket string) *grpc.ClientConn {
 	t.Helper()
 	conn, err := grpc.NewClient("unix://"+socket,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -272,7 +272,7 @@ func assertContains(t *testing.T, out string, want ...string) {
 	}
 }
 
-func ctxT(t *testing.T) context.Context {
+func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return ctx

@@ -25,7 +25,7 @@ import (
 
 // principalCert issues a client certificate whose identity is a URI SAN, or only its
 // subject when uri is empty.
-func principalCert(t *testing.T, c *ca, uri string, subject pkix.Name) tls.Certificate {
+func principalCert(t testing.TB, c *ca, uri string, subject pkix.Name) tls.Certificate {
 	t.Helper()
 	tmpl := &x509.Certificate{Subject: subject, KeyUsage: x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}

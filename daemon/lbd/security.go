@@ -17,6 +17,9 @@ import (
 	"google.golang.org/grpc/keepalive"
 )
 
+// apiWindow is the API's flow-control window per stream and per connection.
+const apiWindow = 64 << 10
+
 // apiSecurity is what stands between a client and the API: the audit recorder and
 // request counters, the rate limit and stream deadlines, the authorization policy.
 type apiSecurity struct {
@@ -70,6 +73,11 @@ func newSecurity(c config.API, st *store.Store, met *metrics.Metrics, log hclog.
 		grpc.ChainStreamInterceptor(s.recorder.StreamInterceptor, s.limiter.StreamInterceptor, s.guard.StreamInterceptor),
 		grpc.MaxConcurrentStreams(c.MaxConcurrentStreams),
 		grpc.MaxRecvMsgSize(c.MaxRecvMsgBytes),
+		// Fixed flow-control windows (gRPC grows them by default): a request refused for
+		// its size costs lbd at most a window of reading and decrypting, not the whole
+		// message.
+		grpc.InitialWindowSize(apiWindow),
+		grpc.InitialConnWindowSize(apiWindow),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Duration(c.KeepaliveMinTime), PermitWithoutStream: true}),
 		// Pings an idle connection's client to find peers that went away without closing.
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 2 * time.Minute, Timeout: 20 * time.Second}),

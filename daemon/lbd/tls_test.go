@@ -35,7 +35,7 @@ type ca struct {
 var serial int64
 
 // issue creates a certificate signed by parent (self-signed when parent is nil).
-func issue(t *testing.T, parent *ca, tmpl *x509.Certificate) (*x509.Certificate, *ecdsa.PrivateKey, []byte) {
+func issue(t testing.TB, parent *ca, tmpl *x509.Certificate) (*x509.Certificate, *ecdsa.PrivateKey, []byte) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -60,7 +60,7 @@ func issue(t *testing.T, parent *ca, tmpl *x509.Certificate) (*x509.Certificate,
 	return cert, key, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 }
 
-func newCA(t *testing.T, name string) *ca {
+func newCA(t testing.TB, name string) *ca {
 	cert, key, p := issue(t, nil, &x509.Certificate{
 		Subject:               pkix.Name{CommonName: name},
 		IsCA:                  true,
@@ -72,7 +72,7 @@ func newCA(t *testing.T, name string) *ca {
 
 // leaf issues a server or client certificate and returns it as a tls.Certificate and in
 // PEM form (certificate, key).
-func (c *ca) leaf(t *testing.T, name string, usage x509.ExtKeyUsage, ips ...net.IP) (tls.Certificate, []byte, []byte) {
+func (c *ca) leaf(t testing.TB, name string, usage x509.ExtKeyUsage, ips ...net.IP) (tls.Certificate, []byte, []byte) {
 	t.Helper()
 	_, key, certPEM := issue(t, c, &x509.Certificate{
 		Subject:     pkix.Name{CommonName: name},
@@ -93,7 +93,7 @@ func (c *ca) leaf(t *testing.T, name string, usage x509.ExtKeyUsage, ips ...net.
 }
 
 // freePort returns a TCP address on 127.0.0.1 that was free a moment ago.
-func freePort(t *testing.T) string {
+func freePort(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -104,7 +104,7 @@ func freePort(t *testing.T) string {
 	return addr
 }
 
-func writeFile(t *testing.T, dir, name string, data []byte) string {
+func writeFile(t testing.TB, dir, name string, data []byte) string {
 	t.Helper()
 	path := filepath.Join(dir, name)
 	if err := os.WriteFile(path, data, 0o600); err != nil {
@@ -125,7 +125,7 @@ type tlsFixture struct {
 	serverOnlyClientCert tls.Certificate
 }
 
-func newTLSFixture(t *testing.T) tlsFixture {
+func newTLSFixture(t testing.TB) tlsFixture {
 	dir := t.TempDir()
 	root := newCA(t, "lbd test CA")
 	_, srvCert, srvKey := root.leaf(t, "lbd server", x509.ExtKeyUsageServerAuth, net.IPv4(127, 0, 0, 1))

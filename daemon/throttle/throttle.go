@@ -72,6 +72,9 @@ func (l *Limiter) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{l.limited, l.stalled}
 }
 
+// RefusalDelay is how long a call above its principal's rate waits before it is refused.
+const RefusalDelay = 500 * time.Millisecond
+
 // limitedMsg starts every rate-limit refusal (IsLimited).
 const limitedMsg = "rate limit: "
 
@@ -95,6 +98,14 @@ func (l *Limiter) allow(ctx context.Context) error {
 		return nil
 	}
 	l.limited.WithLabelValues(string(id.Transport)).Inc()
+	// The refusal waits: a client that retries at once, in a loop, is slowed to one
+	// call per RefusalDelay instead of costing lbd a call's work at its own pace.
+	t := time.NewTimer(RefusalDelay)
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		t.Stop()
+	}
 	return status.Errorf(codes.ResourceExhausted, "%s%s made more than %g calls per second (burst %d, api.rate_limit); slow down and retry",
 		limitedMsg, id.Principal(), l.opts.Rate, l.opts.Burst)
 }

@@ -1,0 +1,284 @@
+package lbd_test
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+)
+
+// An lbd under abuse: clients that send oversized requests, clients far above the rate
+// limit, and streams whose clients never read, while one legitimate client makes calls.
+// BenchmarkAPIUnderAbuse measures the legitimate client's latency and lbd's memory;
+// TestAPIUnderAbuse runs the same scene smaller and checks each abuse met its limit.
+
+// Limits of the scene: small enough that every abuse meets them quickly.
+const (
+	abuseMaxRecv     = 1 << 20 // api.max_recv_msg_bytes
+	abuseOversize    = 2 << 20 // what oversized clients send
+	abuseRate        = 200     // api.rate_limit.rate and burst, per principal (the default rate)
+	abuseSendTimeout = time.Second
+	abuseServices    = 2000                 // a watch snapshot far larger than a stream's window
+	legitInterval    = 6 * time.Millisecond // below the rate limit
+)
+
+type abuseEnv struct {
+	p       *proc
+	addr    string
+	metrics string
+	roots   *x509.CertPool
+	abuser  tls.Certificate
+	legit   tls.Certificate
+}
+
+func startAbuseEnv(tb testing.TB) *abuseEnv {
+	f := newTLSFixture(tb)
+	in := newInstance(tb)
+	dir := filepath.Dir(in.socket)
+	e := &abuseEnv{addr: freePort(tb), metrics: freePort(tb), roots: x509.NewCertPool()}
+	e.roots.AddCert(f.ca.cert)
+	e.abuser = principalCert(tb, f.ca, "spiffe://lbd.test/abuser", pkix.Name{CommonName: "abuser"})
+	e.legit = principalCert(tb, f.ca, "spiffe://lbd.test/legit", pkix.Name{CommonName: "legit"})
+	policy := writeFile(tb, dir, "policy.yaml", []byte("rules:\n  - role: reader\n    principals: [\"spiffe://lbd.test/abuser\", \"spiffe://lbd.test/legit\"]\n"))
+	cfg := writeFile(tb, dir, "lbd.yaml", fmt.Appendf(nil, "api:\n  policy_file: %s\n  max_recv_msg_bytes: %d\n  stream_send_timeout: %s\n"+
+		"  rate_limit:\n    rate: %d\n    burst: %d\n", policy, abuseMaxRecv, abuseSendTimeout, abuseRate, abuseRate))
+	var admin *grpc.ClientConn
+	e.p, admin = startLBD(tb, in, append(f.args(e.addr), "--config", cfg, "--metrics-listen", e.metrics)...)
+	var svcs []*lbdv1.Service
+	for i := range abuseServices {
+		svcs = append(svcs, &lbdv1.Service{Name: fmt.Sprintf("svc-%04d", i), Owner: "bench", Vip: fmt.Sprintf("203.0.113.%d", 1+i%250),
+			Port: uint32(1000 + i/250), Protocol: lbdv1.Protocol_PROTOCOL_TCP,
+			Backends: []*lbdv1.Backend{{Address: fmt.Sprintf("198.18.%d.%d", 1+i/250, 1+i%250), Port: 8080, NodeAddress: "198.18.0.2", Weight: 1}}})
+	}
+	if _, err := lbdv1.NewLoadBalancerServiceClient(admin).ApplyServices(ctxT(tb), &lbdv1.ApplyServicesRequest{Owner: "bench", Services: svcs}); err != nil {
+		tb.Fatalf("create %d services: %v", abuseServices, err)
+	}
+	return e
+}
+
+// dial returns a TCP client with cert. A fixed window turns off gRPC's window
+// growth, so a client that does not read stops the server's sends at 64 KiB.
+func (e *abuseEnv) dial(tb testing.TB, cert tls.Certificate, opts ...grpc.DialOption) *grpc.ClientConn {
+	conn, err := grpc.NewClient(e.addr, append(opts, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
+		RootCAs: e.roots, ServerName: "127.0.0.1", Certificates: []tls.Certificate{cert}})))...)
+	if err != nil {
+		tb.Fatalf("dial: %v", err)
+	}
+	tb.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// rawCodec sends bytes as they are: the oversized clients' requests cost them no
+// encoding, so the benchmark's own clients take less of the CPUs lbd needs.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) ([]byte, error)   { return *v.(*[]byte), nil }
+func (rawCodec) Unmarshal(b []byte, v any) error { *v.(*[]byte) = b; return nil }
+func (rawCodec) Name() string                    { return "proto" }
+
+// abuseTally counts what the abusers were answered.
+type abuseTally struct {
+	oversized, limited, streams atomic.Int64
+	unexpected                  sync.Map // abuse kind → last unexpected error
+}
+
+// abuse starts n abusive clients, a third of each kind, until the returned function
+// is called.
+func (e *abuseEnv) abuse(tb testing.TB, n int) (*abuseTally, func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	tally := &abuseTally{}
+	big := make([]byte, abuseOversize)
+	for i := range n {
+		switch i % 3 {
+		case 0: // oversized requests
+			conn := e.dial(tb, e.abuser)
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					var out []byte
+					err := conn.Invoke(ctx, lbdv1.LoadBalancerService_ApplyServices_FullMethodName, &big, &out, grpc.ForceCodec(rawCodec{}))
+					switch {
+					case status.Code(err) == codes.ResourceExhausted:
+						tally.oversized.Add(1)
+					case ctx.Err() == nil:
+						tally.unexpected.Store("oversized", err)
+					}
+				}
+			})
+		case 1: // far above the rate limit
+			lb := lbdv1.NewNodeServiceClient(e.dial(tb, e.abuser))
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					_, err := lb.GetNode(ctx, &lbdv1.GetNodeRequest{})
+					switch {
+					case status.Code(err) == codes.ResourceExhausted:
+						tally.limited.Add(1)
+					case err != nil && ctx.Err() == nil:
+						tally.unexpected.Store("flood", err)
+					}
+				}
+			})
+		case 2: // streams that never read
+			lb := lbdv1.NewLoadBalancerServiceClient(e.dial(tb, e.abuser, grpc.WithInitialWindowSize(1<<16), grpc.WithInitialConnWindowSize(1<<16)))
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					sctx, scancel := context.WithTimeout(ctx, 3*abuseSendTimeout)
+					if _, err := lb.WatchServices(sctx, &lbdv1.WatchServicesRequest{}); err == nil {
+						tally.streams.Add(1)
+					}
+					<-sctx.Done()
+					scancel()
+				}
+			})
+		}
+	}
+	return tally, func() {
+		cancel()
+		wg.Wait()
+	}
+}
+
+// legitCall is the legitimate client's call, timed.
+func legitCall(tb testing.TB, lb lbdv1.LoadBalancerServiceClient) time.Duration {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	if _, err := lb.GetService(ctx, &lbdv1.GetServiceRequest{Name: "svc-0001"}); err != nil {
+		tb.Fatalf("the legitimate client's call failed: %v", err)
+	}
+	return time.Since(start)
+}
+
+// paced makes calls every legitInterval, as long as more returns true.
+func paced(tb testing.TB, lb lbdv1.LoadBalancerServiceClient, more func() bool) []time.Duration {
+	t := time.NewTicker(legitInterval)
+	defer t.Stop()
+	var lat []time.Duration
+	for more() {
+		<-t.C
+		lat = append(lat, legitCall(tb, lb))
+	}
+	return lat
+}
+
+func percentile(lat []time.Duration, p float64) time.Duration {
+	s := slices.Clone(lat)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(float64(len(s))*p))]
+}
+
+// rssKB reads a field (VmRSS, VmHWM) of lbd's /proc status, in KiB.
+func rssKB(tb testing.TB, pid int, field string) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		tb.Fatalf("read lbd's status: %v", err)
+	}
+	m := regexp.MustCompile(field + `:\s+(\d+) kB`).FindSubmatch(b)
+	if m == nil {
+		tb.Fatalf("no %s in lbd's status", field)
+	}
+	v, _ := strconv.ParseFloat(string(m[1]), 64)
+	return v
+}
+
+// metric returns the sum of a counter's series on lbd's /metrics.
+func (e *abuseEnv) metric(tb testing.TB, name string) float64 {
+	res, err := http.Get("http://" + e.metrics + "/metrics")
+	if err != nil {
+		tb.Fatalf("scrape: %v", err)
+	}
+	defer res.Body.Close()
+	body, _ := io.ReadAll(res.Body)
+	sum := 0.0
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, name+" ") || strings.HasPrefix(line, name+"{") {
+			f := strings.Fields(line)
+			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+			sum += v
+		}
+	}
+	return sum
+}
+
+// checkAbuse fails unless each kind of abuse met its limit and only it.
+func (e *abuseEnv) checkAbuse(tb testing.TB, tally *abuseTally) {
+	tally.unexpected.Range(func(k, v any) bool {
+		tb.Errorf("%s abuser: unexpected answer %v", k, v)
+		return true
+	})
+	if tally.oversized.Load() == 0 || tally.limited.Load() == 0 || tally.streams.Load() == 0 {
+		tb.Errorf("abusers: %d oversized refused, %d rate-limited, %d streams opened; want each above 0",
+			tally.oversized.Load(), tally.limited.Load(), tally.streams.Load())
+	}
+	if n := e.metric(tb, "lbd_api_stalled_streams_total"); n == 0 {
+		tb.Errorf("lbd ended no stream that was not read (lbd_api_stalled_streams_total 0)")
+	}
+	if n := e.metric(tb, "lbd_api_rate_limited_total"); n == 0 {
+		tb.Errorf("lbd_api_rate_limited_total is 0 after a flood")
+	}
+}
+
+// TestAPIUnderAbuse: with 24 abusive clients, the legitimate client's calls all
+// succeed, oversized requests and floods are refused with RESOURCE_EXHAUSTED, and
+// streams that are not read are ended. (BenchmarkAPIUnderAbuse measures the latency.)
+func TestAPIUnderAbuse(t *testing.T) {
+	e := startAbuseEnv(t)
+	tally, stop := e.abuse(t, 24)
+	lb := lbdv1.NewLoadBalancerServiceClient(e.dial(t, e.legit))
+	end := time.Now().Add(3 * abuseSendTimeout)
+	lat := paced(t, lb, func() bool { return time.Now().Before(end) })
+	stop()
+	e.checkAbuse(t, tally)
+	t.Logf("legitimate client: %d calls, p50 %v, p99 %v; lbd peak RSS %.0f MiB", len(lat), percentile(lat, 0.5), percentile(lat, 0.99),
+		rssKB(t, e.p.cmd.Process.Pid, "VmHWM")/1024)
+}
+
+// BenchmarkAPIUnderAbuse: one legitimate client's calls (every 6 ms) while 200 clients
+// abuse the API, against the same client's calls before the abuse. Reports the p50 and
+// p99 latencies, the p99's ratio to the baseline, and lbd's RSS.
+func BenchmarkAPIUnderAbuse(b *testing.B) {
+	e := startAbuseEnv(b)
+	lb := lbdv1.NewLoadBalancerServiceClient(e.dial(b, e.legit))
+	n := 0
+	base := paced(b, lb, func() bool { n++; return n <= 300 })
+	rssBefore := rssKB(b, e.p.cmd.Process.Pid, "VmRSS")
+	tally, stop := e.abuse(b, 200)
+	time.Sleep(abuseSendTimeout) // every abuser at work, the first streams stalled
+	var lat []time.Duration
+	t := time.NewTicker(legitInterval)
+	for b.Loop() {
+		<-t.C
+		lat = append(lat, legitCall(b, lb))
+	}
+	t.Stop()
+	rss, peak := rssKB(b, e.p.cmd.Process.Pid, "VmRSS"), rssKB(b, e.p.cmd.Process.Pid, "VmHWM")
+	stop()
+	e.checkAbuse(b, tally)
+	p99, baseP99 := percentile(lat, 0.99), percentile(base, 0.99)
+	b.ReportMetric(float64(percentile(lat, 0.5).Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(p99.Microseconds())/1000, "p99-ms")
+	b.ReportMetric(float64(baseP99.Microseconds())/1000, "baseline-p99-ms")
+	b.ReportMetric(float64(p99)/float64(baseP99), "p99/baseline")
+	b.ReportMetric(rssBefore/1024, "rss-before-MiB")
+	b.ReportMetric(rss/1024, "rss-MiB")
+	b.ReportMetric(peak/1024, "peak-rss-MiB")
+}
