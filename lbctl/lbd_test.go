@@ -153,7 +153,10 @@ func TestRealDaemon(t *testing.T) {
 	tcpAddr := l.Addr().String()
 	l.Close()
 
-	lbdArgs := []string{"-socket", sock, "-state-dir", stateDir, "-listen", tcpAddr,
+	// The client certificate (CN=operator) may read over TCP; without a policy it could not.
+	policy := writeFile(t, dir, "policy.yaml", []byte("rules:\n  - role: reader\n    principals: [\"CN=operator\"]\n"))
+	config := writeFile(t, dir, "lbd.yaml", []byte("api:\n  policy_file: "+policy+"\n"))
+	lbdArgs := []string{"-socket", sock, "-state-dir", stateDir, "-listen", tcpAddr, "-config", config,
 		"-tls-cert", srvCertFile, "-tls-key", srvKeyFile, "-tls-client-ca", caFile}
 	d := startDaemon(t, lbdBin, lbdArgs...)
 	waitReady(t, lbctlBin, sock, d)
