@@ -25,7 +25,8 @@ type Audit struct {
 }
 
 // RateLimit bounds the calls of each principal (a client certificate's identity, a
-// uid on the socket); a call above it is refused with RESOURCE_EXHAUSTED.
+// uid on the socket); a call above it is refused with RESOURCE_EXHAUSTED. Root and
+// lbd's user on the socket are not limited.
 type RateLimit struct {
 	// Rate is the calls per second a principal may keep up (a stream counts when it
 	// opens); 0 disables the limit.

@@ -200,6 +200,20 @@ func rssKB(tb testing.TB, pid int, field string) float64 {
 	return v
 }
 
+// cpuSeconds is the CPU time lbd has used (user and system).
+func cpuSeconds(tb testing.TB, pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		tb.Fatalf("read lbd's stat: %v", err)
+	}
+	// Fields after the command's closing parenthesis: utime and stime are the 12th and
+	// 13th, in clock ticks (100 per second on Linux).
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+	u, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (u + st) / 100
+}
+
 // metric returns the sum of a counter's series on lbd's /metrics.
 func (e *abuseEnv) metric(tb testing.TB, name string) float64 {
 	res, err := http.Get("http://" + e.metrics + "/metrics")
@@ -254,7 +268,8 @@ func TestAPIUnderAbuse(t *testing.T) {
 
 // BenchmarkAPIUnderAbuse: one legitimate client's calls (every 6 ms) while 200 clients
 // abuse the API, against the same client's calls before the abuse. Reports the p50 and
-// p99 latencies, the p99's ratio to the baseline, and lbd's RSS.
+// p99 latencies, the p99's ratio to the baseline, the CPUs lbd used meanwhile, and its
+// RSS.
 func BenchmarkAPIUnderAbuse(b *testing.B) {
 	e := startAbuseEnv(b)
 	lb := lbdv1.NewLoadBalancerServiceClient(e.dial(b, e.legit))
@@ -264,12 +279,14 @@ func BenchmarkAPIUnderAbuse(b *testing.B) {
 	tally, stop := e.abuse(b, 200)
 	time.Sleep(abuseSendTimeout) // every abuser at work, the first streams stalled
 	var lat []time.Duration
+	cpu0, wall0 := cpuSeconds(b, e.p.cmd.Process.Pid), time.Now()
 	t := time.NewTicker(legitInterval)
 	for b.Loop() {
 		<-t.C
 		lat = append(lat, legitCall(b, lb))
 	}
 	t.Stop()
+	lbdCPU := (cpuSeconds(b, e.p.cmd.Process.Pid) - cpu0) / time.Since(wall0).Seconds()
 	rss, peak := rssKB(b, e.p.cmd.Process.Pid, "VmRSS"), rssKB(b, e.p.cmd.Process.Pid, "VmHWM")
 	stop()
 	e.checkAbuse(b, tally)
@@ -278,6 +295,7 @@ func BenchmarkAPIUnderAbuse(b *testing.B) {
 	b.ReportMetric(float64(p99.Microseconds())/1000, "p99-ms")
 	b.ReportMetric(float64(baseP99.Microseconds())/1000, "baseline-p99-ms")
 	b.ReportMetric(float64(p99)/float64(baseP99), "p99/baseline")
+	b.ReportMetric(lbdCPU, "lbd-cpus")
 	b.ReportMetric(rssBefore/1024, "rss-before-MiB")
 	b.ReportMetric(rss/1024, "rss-MiB")
 	b.ReportMetric(peak/1024, "peak-rss-MiB")
