@@ -146,7 +146,7 @@ func spawn(t testing.TB, args ...string) *proc {
 
 // spawnCmd starts cmd, which runs lbd (directly, or through nsenter, which execs it), as
 // spawn does.
-func spawnCmd(t *testing.T, cmd *exec.Cmd) *proc {
+func spawnCmd(t testing.TB, cmd *exec.Cmd) *proc {
 	t.Helper()
 	p := &proc{cmd: cmd, stderr: &syncBuffer{}, done: make(chan struct{})}
 	p.cmd.Stdout = p.stderr
