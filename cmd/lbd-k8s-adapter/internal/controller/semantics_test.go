@@ -87,9 +87,8 @@ func TestRequestedIPChange(t *testing.T) {
 	}
 	for _, ev := range []string{"Normal IPMoving: moving from 203.0.113.141 to the requested 203.0.113.142",
 		"Normal IPReleased: released 203.0.113.141: the requested 203.0.113.142 is programmed"} {
-		if ok, evs := e.hasEvent("web", ev); !ok {
-			t.Errorf("no Event %q: %s", ev, evs)
-		}
+		// The recorder writes Events in the background: they may trail the status.
+		e.eventually("Event "+ev, func() (bool, string) { return e.hasEvent("web", ev) })
 	}
 
 	// The old address is free: a new Service asking for it gets it.
@@ -143,9 +142,7 @@ func TestRequireDualStack(t *testing.T) {
 	if got := e.ingress("dual"); len(got) != 0 {
 		t.Errorf("dual has ingress %v with its IPv6 pool exhausted, want none", got)
 	}
-	if ok, evs := e.hasEvent("dual", "Warning DualStackIncomplete"); !ok {
-		t.Errorf("no DualStackIncomplete Event: %s", evs)
-	}
+	e.eventually("a DualStackIncomplete Event", func() (bool, string) { return e.hasEvent("dual", "Warning DualStackIncomplete") })
 	// The IPv4 address was not taken either: a single-stack Service gets it.
 	e.createService("v4", corev1.ServiceTypeLoadBalancer)
 	e.ingressIs("v4", "203.0.113.150")
