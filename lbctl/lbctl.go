@@ -47,7 +47,7 @@ const (
 // Results go to stdout only if the command succeeds; errors go to stderr as
 // "lbctl: <message> (code: <gRPC code>)".
 func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	a := &app{stdin: stdin, now: time.Now}
+	a := &app{stdin: stdin, stdout: stdout, now: time.Now}
 	root := a.rootCommand(stderr)
 	root.SetArgs(args)
 	cmd, err := root.ExecuteC()
@@ -67,11 +67,15 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 
 // app is the state of one lbctl run.
 type app struct {
-	opts  globalOptions
-	stdin io.Reader
-	now   func() time.Time
-	// out collects stdout until the command has succeeded.
+	opts   globalOptions
+	stdin  io.Reader
+	stdout io.Writer
+	now    func() time.Time
+	// out collects stdout until the command has succeeded; a watch (-w) flushes it
+	// after every change instead.
 	out bytes.Buffer
+	// watching is set by -w: the command follows changes until interrupted.
+	watching bool
 	// started is set once a command's own code runs: errors before that are usage errors
 	// found by cobra (unknown command, bad flag, wrong number of arguments).
 	started bool
@@ -114,11 +118,15 @@ func (a *app) report(w io.Writer, cmd *cobra.Command, err error) int {
 }
 
 // run wraps a command's code: it marks the run as started (see app.started) and gives
-// the code a context bounded by --timeout.
+// the code a context bounded by --timeout. A watch (-w) is bounded only by a --timeout
+// given on the command line: it runs until interrupted otherwise.
 func (a *app) run(fn func(ctx context.Context, cmd *cobra.Command, args []string) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
 		a.started = true
 		ctx, cancel := context.WithTimeout(cmd.Context(), a.opts.timeout)
+		if a.watching && !cmd.Flags().Changed("timeout") {
+			ctx, cancel = context.WithCancel(cmd.Context())
+		}
 		defer cancel()
 		return fn(ctx, cmd, args)
 	}

@@ -267,12 +267,19 @@ func (a *app) serviceCreateCommand() *cobra.Command {
 }
 
 func (a *app) serviceGetCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:               "get NAME",
-		Short:             "Show a service with its status and backends",
+	cmd := &cobra.Command{
+		Use:   "get NAME",
+		Short: "Show a service with its status and backends",
+		Long: `Show a service with its status and backends. With -w, show it again after every
+change (by any client, or of its status: health, datapath, advertisement) until
+interrupted: in JSON, one WatchServicesResponse per line; in YAML, one document each.`,
+		Example:           "  lbctl service get web\n  lbctl service get web -w",
 		Args:              exactArgs("NAME"),
 		ValidArgsFunction: a.completeArgs(a.completeServices),
 		RunE: a.run(func(ctx context.Context, _ *cobra.Command, args []string) error {
+			if a.watching {
+				return a.serviceGetWatch(ctx, args[0])
+			}
 			lb, err := a.lb()
 			if err != nil {
 				return err
@@ -286,6 +293,8 @@ func (a *app) serviceGetCommand() *cobra.Command {
 			return a.print(svc, func(w io.Writer) { writeServiceDetail(w, svc) })
 		}),
 	}
+	a.addWatchFlag(cmd)
+	return cmd
 }
 
 func (a *app) serviceListCommand() *cobra.Command {
@@ -295,9 +304,17 @@ func (a *app) serviceListCommand() *cobra.Command {
 		Short: "List services, sorted by name",
 		Long: `List services, sorted by name. lbctl asks lbd for pages of 500 services and prints
 each as it comes, so that thousands of services list in about a second; the output is
-one table or one JSON or YAML document all the same.`,
+one table or one JSON or YAML document all the same.
+
+With -w, lbctl prints the services as they are, then one row per change (the EVENT
+column says added, modified or deleted) until interrupted: in JSON, one
+WatchServicesResponse per line, the current services first, then a line whose type is
+WATCH_EVENT_TYPE_SYNCED, then the changes; in YAML, one document each.`,
 		Args: exactArgs(),
 		RunE: a.run(func(ctx context.Context, _ *cobra.Command, _ []string) error {
+			if a.watching {
+				return a.serviceListWatch(ctx, owner)
+			}
 			lb, err := a.lb()
 			if err != nil {
 				return err
@@ -323,6 +340,7 @@ one table or one JSON or YAML document all the same.`,
 		}),
 	}
 	cmd.Flags().StringVar(&owner, "owner", "", "only services of this owner")
+	a.addWatchFlag(cmd)
 	return cmd
 }
 
