@@ -25,8 +25,7 @@ func (a *app) backendCommand() *cobra.Command {
 		a.backendListCommand(),
 		a.backendAddCommand(),
 		a.backendRemoveCommand(),
-		a.backendStateCommand("drain", "Stop sending new flows to a backend; established flows stay",
-			draining, disabled),
+		a.backendDrainCommand(),
 		a.backendStateCommand("undrain", "Send new flows to a draining backend again",
 			active, disabled),
 		a.backendStateCommand("disable", "Take a backend out entirely: new and established flows stop",
@@ -124,6 +123,19 @@ func (a *app) backendRemoveCommand() *cobra.Command {
 // The server checks the current state and changes it in one step, so a concurrent change
 // is never decided on from a stale read.
 func (a *app) backendStateCommand(use, short string, to lbdv1.BackendState, refuse ...lbdv1.BackendState) *cobra.Command {
+	return &cobra.Command{
+		Use:               use + " SERVICE ADDR:PORT",
+		Short:             short,
+		Args:              exactArgs("SERVICE", "ADDR:PORT"),
+		ValidArgsFunction: a.completeArgs(a.completeServices, a.completeBackends),
+		RunE: a.run(func(ctx context.Context, _ *cobra.Command, args []string) error {
+			return a.setBackendState(ctx, use, args[0], args[1], to, refuse...)
+		}),
+	}
+}
+
+// setBackendState is the work of backendStateCommand.
+func (a *app) setBackendState(ctx context.Context, use, service, addrPort string, to lbdv1.BackendState, refuse ...lbdv1.BackendState) error {
 	var from []lbdv1.BackendState
 	for _, st := range []lbdv1.BackendState{
 		lbdv1.BackendState_BACKEND_STATE_ACTIVE, lbdv1.BackendState_BACKEND_STATE_DRAINING, lbdv1.BackendState_BACKEND_STATE_DISABLED,
@@ -132,35 +144,38 @@ func (a *app) backendStateCommand(use, short string, to lbdv1.BackendState, refu
 			from = append(from, st)
 		}
 	}
-	return &cobra.Command{
-		Use:               use + " SERVICE ADDR:PORT",
-		Short:             short,
-		Args:              exactArgs("SERVICE", "ADDR:PORT"),
-		ValidArgsFunction: a.completeArgs(a.completeServices, a.completeBackends),
-		RunE: a.run(func(ctx context.Context, _ *cobra.Command, args []string) error {
-			req := &lbdv1.UpdateBackendRequest{
-				Backend:        &lbdv1.Backend{State: to},
-				UpdateMask:     &fieldmaskpb.FieldMask{Paths: []string{"state"}},
-				OnlyFromStates: from,
-			}
-			err := a.updateBackend(ctx, args[0], args[1], req, label(to, "active"))
-			if status.Code(err) != codes.FailedPrecondition {
-				return err
-			}
-			// Refused: say which state the backend is in, as read now.
-			lb, lerr := a.lb()
-			if lerr != nil {
-				return err
-			}
-			got, gerr := lb.GetBackend(ctx, &lbdv1.GetBackendRequest{ServiceName: args[0], Address: req.Backend.Address, Port: req.Backend.Port})
-			if gerr != nil || !slices.Contains(refuse, got.Backend.GetState()) {
-				return err
-			}
-			return fmt.Errorf("backend %s of service %q is %s: '%s' does not apply",
-				formatEndpoint(req.Backend.Address, req.Backend.Port), args[0], label(got.Backend.State, "active"), use)
-		}),
+	req := &lbdv1.UpdateBackendRequest{
+		Backend:        &lbdv1.Backend{State: to},
+		UpdateMask:     &fieldmaskpb.FieldMask{Paths: []string{"state"}},
+		OnlyFromStates: from,
+	}
+	err := a.updateBackend(ctx, service, addrPort, req, label(to, "active"))
+	if status.Code(err) != codes.FailedPrecondition {
+		return err
+	}
+	// Refused: say which state the backend is in, as read now.
+	lb, lerr := a.lb()
+	if lerr != nil {
+		return err
+	}
+	got, gerr := lb.GetBackend(ctx, &lbdv1.GetBackendRequest{ServiceName: service, Address: req.Backend.Address, Port: req.Backend.Port})
+	if gerr != nil || !slices.Contains(refuse, got.Backend.GetState()) {
+		return err
+	}
+	return &stateRefusedError{
+		msg: fmt.Sprintf("backend %s of service %q is %s: '%s' does not apply",
+			formatEndpoint(req.Backend.Address, req.Backend.Port), service, label(got.Backend.State, "active"), use),
+		state: got.Backend.State,
 	}
 }
+
+// stateRefusedError says that a backend was left alone because of the state it is in.
+type stateRefusedError struct {
+	msg   string
+	state lbdv1.BackendState
+}
+
+func (e *stateRefusedError) Error() string { return e.msg }
 
 func (a *app) backendSetWeightCommand() *cobra.Command {
 	return &cobra.Command{

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/netip"
 	"slices"
 	"strings"
@@ -27,27 +28,37 @@ func (a *app) conntrackCommand() *cobra.Command {
 func (a *app) conntrackListCommand() *cobra.Command {
 	var vip, client, backend string
 	var limit uint32
+	var count, open bool
 	cmd := &cobra.Command{
 		Use:   "list [flags]",
 		Short: "List conntrack (LB node) and NAT (backend node) entries",
 		Long: `List the flows the datapath tracks: conntrack entries on an LB node (which backend
 each client flow is pinned to) and NAT entries on a backend node (which VIP the backend's
-replies are sent from). The filters take addresses and combine with AND.`,
-		Example: "  lbctl conntrack list --vip 203.0.113.10\n  lbctl conntrack list --client 2001:db8::7 --limit 10",
-		Args:    exactArgs(),
+replies are sent from). The filters combine with AND. --limit 0 lists every entry;
+--count prints only how many match; --open leaves out flows that have ended (FIN or
+RST seen, or past their timeout and not collected yet).`,
+		Example: "  lbctl conntrack list --vip 203.0.113.10\n  lbctl conntrack list --client 2001:db8::7 --limit 10\n" +
+			"  lbctl conntrack list --backend 198.18.1.10:8080 --open --count",
+		Args: exactArgs(),
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&vip, "vip", "", "only flows to this VIP")
 	fs.StringVar(&client, "client", "", "only flows from this client address")
-	fs.StringVar(&backend, "backend", "", "only flows to this backend address")
-	fs.Uint32Var(&limit, "limit", defaultConnectionLimit, "at most this many entries")
+	fs.StringVar(&backend, "backend", "", "only flows to this backend: ADDR or ADDR:PORT ([ADDR]:PORT for IPv6)")
+	fs.Uint32Var(&limit, "limit", defaultConnectionLimit, "at most this many entries; 0 lists them all")
+	fs.BoolVar(&count, "count", false, "print only the number of matching entries")
+	fs.BoolVar(&open, "open", false, "only flows that have not ended (no FIN or RST seen, not past their timeout)")
 	// The flag was just defined on cmd, so registration cannot fail.
 	_ = cmd.RegisterFlagCompletionFunc("vip", a.completeFlag(a.completeVIPs))
 	cmd.RunE = a.run(func(ctx context.Context, _ *cobra.Command, _ []string) error {
+		req := &lbdv1.ListConnectionsRequest{Limit: limit, CountOnly: count, OpenOnly: open}
 		if limit == 0 {
-			return usageErrorf("--limit must be positive")
+			// The API reads 0 as its default of 1,000.
+			req.Limit = math.MaxUint32
 		}
-		req := &lbdv1.ListConnectionsRequest{Limit: limit}
+		if ap, err := netip.ParseAddrPort(backend); err == nil {
+			backend, req.BackendPort = ap.Addr().String(), uint32(ap.Port())
+		}
 		err := setAddrFilters(
 			addrFilter{"vip", vip, &req.Vip},
 			addrFilter{"client", client, &req.ClientAddress},
@@ -63,6 +74,9 @@ replies are sent from). The filters take addresses and combine with AND.`,
 		resp, err := lb.ListConnections(ctx, req)
 		if err != nil {
 			return err
+		}
+		if count {
+			return a.print(resp, func(w io.Writer) { fmt.Fprintln(w, resp.MatchedCount) })
 		}
 		sortConnections(resp.Connections)
 		return a.print(resp, func(w io.Writer) { a.writeConnections(w, resp) })

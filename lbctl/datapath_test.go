@@ -3,6 +3,7 @@ package lbctl
 import (
 	"context"
 	"fmt"
+	"math"
 	"regexp"
 	"slices"
 	"strings"
@@ -58,6 +59,9 @@ func (f *fakeDatapath) ListConnections(_ context.Context, r *lbdv1.ListConnectio
 	defer f.mu.Unlock()
 	f.lists = append(f.lists, r)
 	resp := proto.Clone(f.conns).(*lbdv1.ListConnectionsResponse)
+	if r.CountOnly {
+		return &lbdv1.ListConnectionsResponse{MatchedCount: uint64(len(resp.Connections))}, nil
+	}
 	for i, ago := range f.seenAgo {
 		resp.Connections[i].LastSeenTime = timestamppb.New(time.Now().Add(-ago))
 	}
@@ -292,6 +296,14 @@ func TestConntrackList(t *testing.T) {
 	if !resp.Truncated || len(resp.Connections) != 4 || resp.Connections[0].ClientPort != 999 || resp.Connections[3].Table != "nat" {
 		t.Errorf("conntrack list -o json (want truncated, sorted): %v", &resp)
 	}
+	// A backend port, open flows only, a count, no limit.
+	if got := ok(t, srv, "conntrack", "list", "--backend", "198.18.1.10:8080", "--open", "--count", "--limit", "0"); got != "4\n" {
+		t.Errorf("conntrack list --count printed %q, want 4", got)
+	}
+	wantReq = &lbdv1.ListConnectionsRequest{BackendAddress: "198.18.1.10", BackendPort: 8080, OpenOnly: true, CountOnly: true, Limit: math.MaxUint32}
+	if _, lists := f.requests(); len(lists) != 3 || !proto.Equal(lists[2], wantReq) {
+		t.Errorf("requests %v, want a last one %v", lists, wantReq)
+	}
 }
 
 func TestConntrackListEmpty(t *testing.T) {
@@ -463,7 +475,6 @@ func TestDatapathUsageErrors(t *testing.T) {
 		{[]string{"conntrack", "list", "--vip", "web"}, `--vip: "web" is not an IP address`},
 		{[]string{"conntrack", "list", "--client", "198.51.100.7:80"}, `--client: "198.51.100.7:80" is not an IP address`},
 		{[]string{"conntrack", "list", "--backend", "fe80::1%eth0"}, `--backend: "fe80::1%eth0" is not an IP address`},
-		{[]string{"conntrack", "list", "--limit", "0"}, "--limit must be positive"},
 		{[]string{"conntrack", "list", "--limit", "-1"}, `invalid argument "-1" for "--limit"`},
 		{[]string{"trace", "tcp", "198.51.100.7", "40000", "203.0.113.10"}, "takes 5 argument(s) (PROTOCOL, SRC-ADDR, SRC-PORT, VIP, PORT), got 4"},
 		{[]string{"trace", "icmp", "198.51.100.7", "40000", "203.0.113.10", "80"}, `protocol "icmp": must be one of tcp, udp, sctp`},

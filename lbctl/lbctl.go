@@ -76,6 +76,8 @@ type app struct {
 	out bytes.Buffer
 	// watching is set by -w: the command follows changes until interrupted.
 	watching bool
+	// waiting is set by --wait: the command waits for its change to take effect.
+	waiting bool
 	// started is set once a command's own code runs: errors before that are usage errors
 	// found by cobra (unknown command, bad flag, wrong number of arguments).
 	started bool
@@ -119,12 +121,12 @@ func (a *app) report(w io.Writer, cmd *cobra.Command, err error) int {
 
 // run wraps a command's code: it marks the run as started (see app.started) and gives
 // the code a context bounded by --timeout. A watch (-w) is bounded only by a --timeout
-// given on the command line: it runs until interrupted otherwise.
+// given on the command line: it runs until interrupted otherwise; so does a --wait.
 func (a *app) run(fn func(ctx context.Context, cmd *cobra.Command, args []string) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
 		a.started = true
 		ctx, cancel := context.WithTimeout(cmd.Context(), a.opts.timeout)
-		if a.watching && !cmd.Flags().Changed("timeout") {
+		if (a.watching || a.waiting) && !cmd.Flags().Changed("timeout") {
 			ctx, cancel = context.WithCancel(cmd.Context())
 		}
 		defer cancel()

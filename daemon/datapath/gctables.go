@@ -34,6 +34,15 @@ func (m *Manager) natTable() natTable {
 
 func (natTable) Name() string { return "nat" }
 
+// expired reports whether the sweep removes e.
+func (t natTable) expired(e backendtc.NATEntry) bool {
+	idle := t.tcpIdle
+	if e.Proto == backendtc.ProtoUDP {
+		idle = t.udpIdle
+	}
+	return e.Expired(idle, t.closing)
+}
+
 func (t natTable) Sweep(time.Duration) (gc.Sweep, error) {
 	entries, err := t.be.NATEntries()
 	if err != nil {
@@ -41,11 +50,7 @@ func (t natTable) Sweep(time.Duration) (gc.Sweep, error) {
 	}
 	var expired []backendtc.NATKey
 	for _, e := range entries {
-		idle := t.tcpIdle
-		if e.Proto == backendtc.ProtoUDP {
-			idle = t.udpIdle
-		}
-		if e.Expired(idle, t.closing) {
+		if t.expired(e) {
 			expired = append(expired, e.NATKey)
 		}
 	}

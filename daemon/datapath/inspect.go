@@ -234,20 +234,28 @@ func innerDestination(frame []byte) (netip.AddrPort, bool) {
 	return netip.AddrPortFrom(addr, port), true
 }
 
-// ListConnections lists conntrack entries (LB role) and NAT entries (backend role).
+// ListConnections lists conntrack entries (LB role) and NAT entries (backend role), or
+// counts them (count_only).
 func (m *Manager) ListConnections(_ context.Context, r *lbdv1.ListConnectionsRequest) (*lbdv1.ListConnectionsResponse, error) {
 	limit := int(r.Limit)
 	if limit == 0 {
 		limit = 1000
 	}
 	match := func(s string, a netip.Addr) bool { return s == "" || s == a.String() }
+	matchBackend := func(be netip.AddrPort) bool {
+		return match(r.BackendAddress, be.Addr()) && (r.BackendPort == 0 || uint32(be.Port()) == r.BackendPort)
+	}
 	resp := &lbdv1.ListConnectionsResponse{}
-	add := func(c *lbdv1.Connection) bool {
+	add := func(c func() *lbdv1.Connection) bool {
+		if r.CountOnly {
+			resp.MatchedCount++
+			return true
+		}
 		if len(resp.Connections) >= limit {
 			resp.Truncated = true
 			return false
 		}
-		resp.Connections = append(resp.Connections, c)
+		resp.Connections = append(resp.Connections, c())
 		return true
 	}
 	if m.lb != nil {
@@ -263,15 +271,20 @@ func (m *Manager) ListConnections(_ context.Context, r *lbdv1.ListConnectionsReq
 		wall := time.Now()
 		err := m.lb.Conntrack(func(e lbxdp.CTEntry) bool {
 			be := backends[e.BackendID]
-			if !match(r.Vip, e.Flow.Dst.Addr()) || !match(r.ClientAddress, e.Flow.Src.Addr()) || !match(r.BackendAddress, be.Addr()) {
+			if !match(r.Vip, e.Flow.Dst.Addr()) || !match(r.ClientAddress, e.Flow.Src.Addr()) || !matchBackend(be) {
 				return true
 			}
-			return add(&lbdv1.Connection{
-				Protocol: protoEnum(e.Flow.Proto), Table: "conntrack",
-				ClientAddress: e.Flow.Src.Addr().String(), ClientPort: uint32(e.Flow.Src.Port()),
-				Vip: e.Flow.Dst.Addr().String(), VipPort: uint32(e.Flow.Dst.Port()),
-				BackendAddress: addrString(be.Addr()), BackendPort: uint32(be.Port()),
-				LastSeenTime: timestamppb.New(wall.Add(e.LastSeen - now)),
+			if r.OpenOnly && (e.Expired(now) || e.State == lbxdp.CTClosing || e.State == lbxdp.CTSCTPShutdown || e.State == lbxdp.CTSCTPClosed) {
+				return true
+			}
+			return add(func() *lbdv1.Connection {
+				return &lbdv1.Connection{
+					Protocol: protoEnum(e.Flow.Proto), Table: "conntrack",
+					ClientAddress: e.Flow.Src.Addr().String(), ClientPort: uint32(e.Flow.Src.Port()),
+					Vip: e.Flow.Dst.Addr().String(), VipPort: uint32(e.Flow.Dst.Port()),
+					BackendAddress: addrString(be.Addr()), BackendPort: uint32(be.Port()),
+					LastSeenTime: timestamppb.New(wall.Add(e.LastSeen - now)),
+				}
 			})
 		})
 		if err != nil {
@@ -283,16 +296,22 @@ func (m *Manager) ListConnections(_ context.Context, r *lbdv1.ListConnectionsReq
 		if err != nil {
 			return nil, status.Errorf(codes.Internal, "list NAT: %v", err)
 		}
+		nat := m.natTable()
 		for _, e := range entries {
-			if !match(r.Vip, e.VIP.Addr()) || !match(r.ClientAddress, e.Client.Addr()) || !match(r.BackendAddress, e.Backend.Addr()) {
+			if !match(r.Vip, e.VIP.Addr()) || !match(r.ClientAddress, e.Client.Addr()) || !matchBackend(e.Backend) {
 				continue
 			}
-			if !add(&lbdv1.Connection{
-				Protocol: protoEnum(uint8(e.Proto)), Table: "nat",
-				ClientAddress: e.Client.Addr().String(), ClientPort: uint32(e.Client.Port()),
-				Vip: e.VIP.Addr().String(), VipPort: uint32(e.VIP.Port()),
-				BackendAddress: e.Backend.Addr().String(), BackendPort: uint32(e.Backend.Port()),
-				LastSeenTime: timestamppb.New(e.LastSeen),
+			if r.OpenOnly && (e.Closing || nat.expired(e)) {
+				continue
+			}
+			if !add(func() *lbdv1.Connection {
+				return &lbdv1.Connection{
+					Protocol: protoEnum(uint8(e.Proto)), Table: "nat",
+					ClientAddress: e.Client.Addr().String(), ClientPort: uint32(e.Client.Port()),
+					Vip: e.VIP.Addr().String(), VipPort: uint32(e.VIP.Port()),
+					BackendAddress: e.Backend.Addr().String(), BackendPort: uint32(e.Backend.Port()),
+					LastSeenTime: timestamppb.New(e.LastSeen),
+				}
 			}) {
 				break
 			}

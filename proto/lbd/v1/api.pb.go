@@ -1436,7 +1436,17 @@ type ListConnectionsRequest struct {
 	ClientAddress  string `protobuf:"bytes,2,opt,name=client_address,json=clientAddress,proto3" json:"client_address,omitempty"`
 	BackendAddress string `protobuf:"bytes,3,opt,name=backend_address,json=backendAddress,proto3" json:"backend_address,omitempty"`
 	// At most this many entries; 0 means 1000.
-	Limit         uint32 `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	Limit uint32 `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	// Only flows to this backend port; 0 matches every port.
+	BackendPort uint32 `protobuf:"varint,5,opt,name=backend_port,json=backendPort,proto3" json:"backend_port,omitempty"`
+	// Only flows that still hold their backend: leaves out entries past their timeout that
+	// the garbage collector has not removed yet, TCP flows that saw a FIN or RST and SCTP
+	// flows shutting down (their entries stay for the closing timeout only to carry the
+	// last packets).
+	OpenOnly bool `protobuf:"varint,6,opt,name=open_only,json=openOnly,proto3" json:"open_only,omitempty"`
+	// Count the matching entries instead of listing them: connections stays empty,
+	// matched_count is set, and limit does not apply.
+	CountOnly     bool `protobuf:"varint,7,opt,name=count_only,json=countOnly,proto3" json:"count_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1499,11 +1509,34 @@ func (x *ListConnectionsRequest) GetLimit() uint32 {
 	return 0
 }
 
+func (x *ListConnectionsRequest) GetBackendPort() uint32 {
+	if x != nil {
+		return x.BackendPort
+	}
+	return 0
+}
+
+func (x *ListConnectionsRequest) GetOpenOnly() bool {
+	if x != nil {
+		return x.OpenOnly
+	}
+	return false
+}
+
+func (x *ListConnectionsRequest) GetCountOnly() bool {
+	if x != nil {
+		return x.CountOnly
+	}
+	return false
+}
+
 type ListConnectionsResponse struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Connections []*Connection          `protobuf:"bytes,1,rep,name=connections,proto3" json:"connections,omitempty"`
 	// True if more entries matched than were returned.
-	Truncated     bool `protobuf:"varint,2,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	Truncated bool `protobuf:"varint,2,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	// With count_only: how many entries matched.
+	MatchedCount  uint64 `protobuf:"varint,3,opt,name=matched_count,json=matchedCount,proto3" json:"matched_count,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1550,6 +1583,13 @@ func (x *ListConnectionsResponse) GetTruncated() bool {
 		return x.Truncated
 	}
 	return false
+}
+
+func (x *ListConnectionsResponse) GetMatchedCount() uint64 {
+	if x != nil {
+		return x.MatchedCount
+	}
+	return 0
 }
 
 type ListSocketTranslationsRequest struct {
@@ -2813,15 +2853,20 @@ const file_lbd_v1_api_proto_rawDesc = "" +
 	"\fservice_name\x18\x01 \x01(\tR\vserviceName\x12)\n" +
 	"\abackend\x18\x02 \x01(\v2\x0f.lbd.v1.BackendR\abackend\x12\x18\n" +
 	"\averdict\x18\x03 \x01(\tR\averdict\x12\x16\n" +
-	"\x06reason\x18\x04 \x01(\tR\x06reason\"\x90\x01\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"\xef\x01\n" +
 	"\x16ListConnectionsRequest\x12\x10\n" +
 	"\x03vip\x18\x01 \x01(\tR\x03vip\x12%\n" +
 	"\x0eclient_address\x18\x02 \x01(\tR\rclientAddress\x12'\n" +
 	"\x0fbackend_address\x18\x03 \x01(\tR\x0ebackendAddress\x12\x14\n" +
-	"\x05limit\x18\x04 \x01(\rR\x05limit\"m\n" +
+	"\x05limit\x18\x04 \x01(\rR\x05limit\x12!\n" +
+	"\fbackend_port\x18\x05 \x01(\rR\vbackendPort\x12\x1b\n" +
+	"\topen_only\x18\x06 \x01(\bR\bopenOnly\x12\x1d\n" +
+	"\n" +
+	"count_only\x18\a \x01(\bR\tcountOnly\"\x92\x01\n" +
 	"\x17ListConnectionsResponse\x124\n" +
 	"\vconnections\x18\x01 \x03(\v2\x12.lbd.v1.ConnectionR\vconnections\x12\x1c\n" +
-	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"p\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated\x12#\n" +
+	"\rmatched_count\x18\x03 \x01(\x04R\fmatchedCount\"p\n" +
 	"\x1dListSocketTranslationsRequest\x12\x10\n" +
 	"\x03vip\x18\x01 \x01(\tR\x03vip\x12'\n" +
 	"\x0fbackend_address\x18\x02 \x01(\tR\x0ebackendAddress\x12\x14\n" +
