@@ -387,6 +387,10 @@ func (m *Manager) Detach(context.Context) error {
 		m.nh.SetNodes(nil)
 	}
 	for name, l := range m.links {
+		// Detached now, not when the kernel releases the last reference.
+		if err := l.Detach(); err != nil && !errors.Is(err, ebpf.ErrNotSupported) {
+			errs = append(errs, fmt.Errorf("detach %s: %w", name, err))
+		}
 		if err := l.Unpin(); err != nil {
 			errs = append(errs, fmt.Errorf("unpin %s: %w", name, err))
 		}

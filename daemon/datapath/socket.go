@@ -104,15 +104,23 @@ func dropSocketLinks(dir string, keep uint64, log hclog.Logger) error {
 			return fmt.Errorf("open pinned link %s: %w", e.Name(), err)
 		}
 		info, err := l.Info()
-		l.Close()
 		if err != nil {
+			l.Close()
 			return fmt.Errorf("read pinned link %s: %w", e.Name(), err)
 		}
 		if cg := info.Cgroup(); keep != 0 && cg != nil && cg.CgroupId == keep {
+			l.Close()
 			continue
 		}
-		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		// Detached explicitly: releasing the last reference (pin and handle) would detach
+		// it too, but later, in the kernel's own time, while hooks keep translating.
+		err = l.Detach()
+		l.Close()
+		if err != nil {
 			return fmt.Errorf("detach %s: %w", e.Name(), err)
+		}
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("unpin %s: %w", e.Name(), err)
 		}
 		log.Info("detached socket-level hook", "op", "detach", "link", e.Name())
 	}
