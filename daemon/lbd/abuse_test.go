@@ -14,16 +14,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/status"
 )
 
 // An lbd under abuse: clients that send oversized requests, clients far above the rate
@@ -46,8 +42,9 @@ type abuseEnv struct {
 	addr    string
 	metrics string
 	roots   *x509.CertPool
-	abuser  tls.Certificate
 	legit   tls.Certificate
+	// The abusers' process gets the CA and their certificate in PEM form.
+	caPEM, abuserCert, abuserKey []byte
 }
 
 func startAbuseEnv(tb testing.TB) *abuseEnv {
@@ -56,7 +53,8 @@ func startAbuseEnv(tb testing.TB) *abuseEnv {
 	dir := filepath.Dir(in.socket)
 	e := &abuseEnv{addr: freePort(tb), metrics: freePort(tb), roots: x509.NewCertPool()}
 	e.roots.AddCert(f.ca.cert)
-	e.abuser = principalCert(tb, f.ca, "spiffe://lbd.test/abuser", pkix.Name{CommonName: "abuser"})
+	e.caPEM = f.ca.pem
+	e.abuserCert, e.abuserKey = principalCertPEM(tb, f.ca, "spiffe://lbd.test/abuser", pkix.Name{CommonName: "abuser"})
 	e.legit = principalCert(tb, f.ca, "spiffe://lbd.test/legit", pkix.Name{CommonName: "legit"})
 	policy := writeFile(tb, dir, "policy.yaml", []byte("rules:\n  - role: reader\n    principals: [\"spiffe://lbd.test/abuser\", \"spiffe://lbd.test/legit\"]\n"))
 	cfg := writeFile(tb, dir, "lbd.yaml", fmt.Appendf(nil, "api:\n  policy_file: %s\n  max_recv_msg_bytes: %d\n  stream_send_timeout: %s\n"+
@@ -85,76 +83,6 @@ func (e *abuseEnv) dial(tb testing.TB, cert tls.Certificate, opts ...grpc.DialOp
 	}
 	tb.Cleanup(func() { conn.Close() })
 	return conn
-}
-
-// rawCodec sends bytes as they are: the oversized clients' requests cost them no
-// encoding, so the benchmark's own clients take less of the CPUs lbd needs.
-type rawCodec struct{}
-
-func (rawCodec) Marshal(v any) ([]byte, error)   { return *v.(*[]byte), nil }
-func (rawCodec) Unmarshal(b []byte, v any) error { *v.(*[]byte) = b; return nil }
-func (rawCodec) Name() string                    { return "proto" }
-
-// abuseTally counts what the abusers were answered.
-type abuseTally struct {
-	oversized, limited, streams atomic.Int64
-	unexpected                  sync.Map // abuse kind → last unexpected error
-}
-
-// abuse starts n abusive clients, a third of each kind, until the returned function
-// is called.
-func (e *abuseEnv) abuse(tb testing.TB, n int) (*abuseTally, func()) {
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	tally := &abuseTally{}
-	big := make([]byte, abuseOversize)
-	for i := range n {
-		switch i % 3 {
-		case 0: // oversized requests
-			conn := e.dial(tb, e.abuser)
-			wg.Go(func() {
-				for ctx.Err() == nil {
-					var out []byte
-					err := conn.Invoke(ctx, lbdv1.LoadBalancerService_ApplyServices_FullMethodName, &big, &out, grpc.ForceCodec(rawCodec{}))
-					switch {
-					case status.Code(err) == codes.ResourceExhausted:
-						tally.oversized.Add(1)
-					case ctx.Err() == nil:
-						tally.unexpected.Store("oversized", err)
-					}
-				}
-			})
-		case 1: // far above the rate limit
-			lb := lbdv1.NewNodeServiceClient(e.dial(tb, e.abuser))
-			wg.Go(func() {
-				for ctx.Err() == nil {
-					_, err := lb.GetNode(ctx, &lbdv1.GetNodeRequest{})
-					switch {
-					case status.Code(err) == codes.ResourceExhausted:
-						tally.limited.Add(1)
-					case err != nil && ctx.Err() == nil:
-						tally.unexpected.Store("flood", err)
-					}
-				}
-			})
-		case 2: // streams that never read
-			lb := lbdv1.NewLoadBalancerServiceClient(e.dial(tb, e.abuser, grpc.WithInitialWindowSize(1<<16), grpc.WithInitialConnWindowSize(1<<16)))
-			wg.Go(func() {
-				for ctx.Err() == nil {
-					sctx, scancel := context.WithTimeout(ctx, 3*abuseSendTimeout)
-					if _, err := lb.WatchServices(sctx, &lbdv1.WatchServicesRequest{}); err == nil {
-						tally.streams.Add(1)
-					}
-					<-sctx.Done()
-					scancel()
-				}
-			})
-		}
-	}
-	return tally, func() {
-		cancel()
-		wg.Wait()
-	}
 }
 
 // legitCall is the legitimate client's call, timed.
@@ -234,20 +162,19 @@ func (e *abuseEnv) metric(tb testing.TB, name string) float64 {
 }
 
 // checkAbuse fails unless each kind of abuse met its limit and only it.
-func (e *abuseEnv) checkAbuse(tb testing.TB, tally *abuseTally) {
-	tally.unexpected.Range(func(k, v any) bool {
-		tb.Errorf("%s abuser: unexpected answer %v", k, v)
-		return true
-	})
-	if tally.oversized.Load() == 0 || tally.limited.Load() == 0 || tally.streams.Load() == 0 {
-		tb.Errorf("abusers: %d oversized refused, %d rate-limited, %d streams opened; want each above 0",
-			tally.oversized.Load(), tally.limited.Load(), tally.streams.Load())
+func (e *abuseEnv) checkAbuse(tb testing.TB, r abuserResult, kinds []int) {
+	for _, u := range r.Unexpected {
+		tb.Errorf("abuser: unexpected answer %s", u)
 	}
-	if n := e.metric(tb, "lbd_api_stalled_streams_total"); n == 0 {
-		tb.Errorf("lbd ended no stream that was not read (lbd_api_stalled_streams_total 0)")
-	}
-	if n := e.metric(tb, "lbd_api_rate_limited_total"); n == 0 {
-		tb.Errorf("lbd_api_rate_limited_total is 0 after a flood")
+	for _, k := range kinds {
+		switch {
+		case k == kindOversized && r.Oversized == 0:
+			tb.Errorf("no oversized request was refused with RESOURCE_EXHAUSTED")
+		case k == kindFlood && (r.Limited == 0 || e.metric(tb, "lbd_api_rate_limited_total") == 0):
+			tb.Errorf("the flood was not rate-limited (%d refusals seen, lbd_api_rate_limited_total %g)", r.Limited, e.metric(tb, "lbd_api_rate_limited_total"))
+		case k == kindUnread && (r.Streams == 0 || e.metric(tb, "lbd_api_stalled_streams_total") == 0):
+			tb.Errorf("lbd ended no stream that was not read (%d opened, lbd_api_stalled_streams_total %g)", r.Streams, e.metric(tb, "lbd_api_stalled_streams_total"))
+		}
 	}
 }
 
@@ -256,7 +183,7 @@ func (e *abuseEnv) checkAbuse(tb testing.TB, tally *abuseTally) {
 // streams that are not read are ended. (BenchmarkAPIUnderAbuse measures the latency.)
 func TestAPIUnderAbuse(t *testing.T) {
 	e := startAbuseEnv(t)
-	tally, stop := e.abuse(t, 24)
+	stop := e.abuse(t, 24, allKinds)
 	lb := lbdv1.NewLoadBalancerServiceClient(e.dial(t, e.legit))
 	// At least three send timeouts, then until every abuse has met its limit (a loaded
 	// machine can take longer), for at most a minute.
@@ -265,26 +192,39 @@ func TestAPIUnderAbuse(t *testing.T) {
 		if time.Now().Before(end) {
 			return true
 		}
-		met := tally.oversized.Load() > 0 && tally.limited.Load() > 0 && e.metric(t, "lbd_api_stalled_streams_total") > 0
+		met := e.metric(t, "lbd_api_rate_limited_total") > 0 && e.metric(t, "lbd_api_stalled_streams_total") > 0
 		return !met && time.Now().Before(giveUp)
 	})
-	stop()
-	e.checkAbuse(t, tally)
+	e.checkAbuse(t, stop(), allKinds)
 	t.Logf("legitimate client: %d calls, p50 %v, p99 %v; lbd peak RSS %.0f MiB", len(lat), percentile(lat, 0.5), percentile(lat, 0.99),
 		rssKB(t, e.p.cmd.Process.Pid, "VmHWM")/1024)
 }
 
 // BenchmarkAPIUnderAbuse: one legitimate client's calls (every 6 ms) while 200 clients
-// abuse the API, against the same client's calls before the abuse. Reports the p50 and
-// p99 latencies, the p99's ratio to the baseline, the CPUs lbd used meanwhile, and its
-// RSS.
+// abuse the API (all: a third of each kind; then 200 of one kind), against the same
+// client's calls before the abuse. Reports the p50 and p99 latencies, the p99's ratio
+// to the baseline, the CPUs lbd used meanwhile, and its RSS.
 func BenchmarkAPIUnderAbuse(b *testing.B) {
+	for _, tc := range []struct {
+		name  string
+		kinds []int
+	}{
+		{"all", allKinds},
+		{"oversized", []int{kindOversized}},
+		{"flood", []int{kindFlood}},
+		{"unread", []int{kindUnread}},
+	} {
+		b.Run(tc.name, func(b *testing.B) { benchAbuse(b, 200, tc.kinds) })
+	}
+}
+
+func benchAbuse(b *testing.B, n int, kinds []int) {
 	e := startAbuseEnv(b)
 	lb := lbdv1.NewLoadBalancerServiceClient(e.dial(b, e.legit))
-	n := 0
-	base := paced(b, lb, func() bool { n++; return n <= 300 })
+	i := 0
+	base := paced(b, lb, func() bool { i++; return i <= 300 })
 	rssBefore := rssKB(b, e.p.cmd.Process.Pid, "VmRSS")
-	tally, stop := e.abuse(b, 200)
+	stop := e.abuse(b, n, kinds)
 	time.Sleep(abuseSendTimeout) // every abuser at work, the first streams stalled
 	var lat []time.Duration
 	cpu0, wall0 := cpuSeconds(b, e.p.cmd.Process.Pid), time.Now()
@@ -296,8 +236,7 @@ func BenchmarkAPIUnderAbuse(b *testing.B) {
 	t.Stop()
 	lbdCPU := (cpuSeconds(b, e.p.cmd.Process.Pid) - cpu0) / time.Since(wall0).Seconds()
 	rss, peak := rssKB(b, e.p.cmd.Process.Pid, "VmRSS"), rssKB(b, e.p.cmd.Process.Pid, "VmHWM")
-	stop()
-	e.checkAbuse(b, tally)
+	e.checkAbuse(b, stop(), kinds)
 	p99, baseP99 := percentile(lat, 0.99), percentile(base, 0.99)
 	b.ReportMetric(float64(percentile(lat, 0.5).Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(p99.Microseconds())/1000, "p99-ms")

@@ -27,6 +27,9 @@ func TestMain(m *testing.M) {
 	if socket := os.Getenv(connectHelperEnv); socket != "" {
 		os.Exit(connectHelper(socket))
 	}
+	if spec := os.Getenv(abuserEnv); spec != "" {
+		os.Exit(abuserMain(spec))
+	}
 	os.Exit(runTests(m))
 }
 

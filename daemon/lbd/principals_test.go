@@ -27,6 +27,17 @@ import (
 // subject when uri is empty.
 func principalCert(t testing.TB, c *ca, uri string, subject pkix.Name) tls.Certificate {
 	t.Helper()
+	certPEM, keyPEM := principalCertPEM(t, c, uri, subject)
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatalf("load key pair: %v", err)
+	}
+	return pair
+}
+
+// principalCertPEM is principalCert in PEM form: certificate, key.
+func principalCertPEM(t testing.TB, c *ca, uri string, subject pkix.Name) ([]byte, []byte) {
+	t.Helper()
 	tmpl := &x509.Certificate{Subject: subject, KeyUsage: x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
 	if uri != "" {
@@ -41,11 +52,7 @@ func principalCert(t testing.TB, c *ca, uri string, subject pkix.Name) tls.Certi
 	if err != nil {
 		t.Fatalf("marshal key: %v", err)
 	}
-	pair, err := tls.X509KeyPair(certPEM, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}))
-	if err != nil {
-		t.Fatalf("load key pair: %v", err)
-	}
-	return pair
+	return certPEM, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})
 }
 
 // osUser is a user created for a test.
