@@ -29,9 +29,11 @@ import (
 
 // Limits of the scene: small enough that every abuse meets them quickly.
 const (
-	abuseMaxRecv     = 1 << 20 // api.max_recv_msg_bytes
-	abuseOversize    = 2 << 20 // what oversized clients send
-	abuseRate        = 200     // api.rate_limit.rate and burst, per principal (the default rate)
+	// A small limit keeps the abusers' own cost of sending oversized requests low:
+	// they share the machine's CPUs with lbd and the legitimate client.
+	abuseMaxRecv     = 128 << 10 // api.max_recv_msg_bytes
+	abuseOversize    = 256 << 10 // what oversized clients send
+	abuseRate        = 200       // api.rate_limit.rate and burst, per principal (the default rate)
 	abuseSendTimeout = time.Second
 	abuseServices    = 2000                 // a watch snapshot far larger than a stream's window
 	legitInterval    = 6 * time.Millisecond // below the rate limit
@@ -61,14 +63,18 @@ func startAbuseEnv(tb testing.TB) *abuseEnv {
 		"  rate_limit:\n    rate: %d\n    burst: %d\n", policy, abuseMaxRecv, abuseSendTimeout, abuseRate, abuseRate))
 	var admin *grpc.ClientConn
 	e.p, admin = startLBD(tb, in, append(f.args(e.addr), "--config", cfg, "--metrics-listen", e.metrics)...)
-	var svcs []*lbdv1.Service
+	// In applies of 250 services, each below the scene's request size limit.
+	svcs := map[string][]*lbdv1.Service{}
 	for i := range abuseServices {
-		svcs = append(svcs, &lbdv1.Service{Name: fmt.Sprintf("svc-%04d", i), Owner: "bench", Vip: fmt.Sprintf("203.0.113.%d", 1+i%250),
+		owner := fmt.Sprintf("bench-%d", i/250)
+		svcs[owner] = append(svcs[owner], &lbdv1.Service{Name: fmt.Sprintf("svc-%04d", i), Owner: owner, Vip: fmt.Sprintf("203.0.113.%d", 1+i%250),
 			Port: uint32(1000 + i/250), Protocol: lbdv1.Protocol_PROTOCOL_TCP,
 			Backends: []*lbdv1.Backend{{Address: fmt.Sprintf("198.18.%d.%d", 1+i/250, 1+i%250), Port: 8080, NodeAddress: "198.18.0.2", Weight: 1}}})
 	}
-	if _, err := lbdv1.NewLoadBalancerServiceClient(admin).ApplyServices(ctxT(tb), &lbdv1.ApplyServicesRequest{Owner: "bench", Services: svcs}); err != nil {
-		tb.Fatalf("create %d services: %v", abuseServices, err)
+	for owner, ss := range svcs {
+		if _, err := lbdv1.NewLoadBalancerServiceClient(admin).ApplyServices(ctxT(tb), &lbdv1.ApplyServicesRequest{Owner: owner, Services: ss}); err != nil {
+			tb.Fatalf("create %d services of %s: %v", len(ss), owner, err)
+		}
 	}
 	return e
 }
