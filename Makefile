@@ -18,7 +18,7 @@ export GORELEASER := $(TOOLS_DIR)/goreleaser-$(GORELEASER_VERSION)/goreleaser
 DEBIAN_PACKAGES := clang llvm libbpf-dev bpftool iproute2 ethtool tshark tcpdump bird2 frr \
 	nftables iperf3 netcat-openbsd iputils-ping curl git make python3 systemd strace man-db prometheus
 
-.PHONY: help deps build release-tools package check-package k8s-testbin docs check-docs generate check-generated test integration bench demo demo-down lint check clean
+.PHONY: help deps build release-tools package check-package k8s-testbin etcd-testbin docs check-docs generate check-generated test integration bench demo demo-down lint check clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -53,6 +53,9 @@ check-package: $(GORELEASER) ## build the .deb packages for this machine and che
 
 k8s-testbin: ## build kube-apiserver, etcd and kubectl for the adapter's and manifests' tests (cached in ~/.cache/lbd)
 	cmd/lbd-k8s-adapter/testbin/build.sh
+
+etcd-testbin: ## build the etcd server and etcdctl that the fleet store's tests run (cached in ~/.cache/lbd)
+	internal/etcdtest/testbin/build.sh
 
 generate: ## regenerate protobuf and bpf2go output (committed) with the pinned toolchain
 	$(BUF) generate
@@ -92,7 +95,7 @@ bench: build ## benchmarks, 5 runs each, summarized by benchstat
 	LBD_BIN_DIR=$(CURDIR)/bin go test -run '^$$' -bench . -benchmem -count 5 -timeout 60m ./... | tee bench.txt
 	$(BENCHSTAT) bench.txt
 
-check: deps check-generated check-docs lint k8s-testbin release-tools test integration check-package ## everything CI runs: the README's test command
+check: deps check-generated check-docs lint k8s-testbin etcd-testbin release-tools test integration check-package ## everything CI runs: the README's test command
 
 demo: deps build ## install what is needed; build; LB and backend nodes in namespaces with traffic
 	./examples/demo-netns.sh up

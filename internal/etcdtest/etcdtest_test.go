@@ -1,0 +1,53 @@
+//go:build linux
+
+package etcdtest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// TestCluster checks what the fleet tests rely on: a three-member cluster serves
+// writes, keeps serving them with one member killed, refuses them with every member
+// stopped, and comes back with its data when the members start again.
+func TestCluster(t *testing.T) {
+	c := Start(t, Options{})
+	cli := c.Client()
+	put := func(key string, timeout time.Duration) error {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		_, err := cli.Put(ctx, key, "v")
+		return err
+	}
+	if err := put("/t/a", 5*time.Second); err != nil {
+		t.Fatalf("write to a healthy cluster: %v", err)
+	}
+
+	c.Members[0].Kill()
+	if err := put("/t/b", 10*time.Second); err != nil {
+		t.Fatalf("write with one of three members killed: %v", err)
+	}
+
+	c.StopAll()
+	if err := put("/t/c", 2*time.Second); err == nil {
+		t.Fatal("a write succeeded with every member stopped")
+	}
+
+	c.StartStopped(30 * time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := cli.Get(ctx, "/t/", clientv3.WithPrefix())
+	if err != nil {
+		t.Fatalf("read after restart: %v", err)
+	}
+	var keys []string
+	for _, kv := range resp.Kvs {
+		keys = append(keys, string(kv.Key))
+	}
+	if len(keys) != 2 || keys[0] != "/t/a" || keys[1] != "/t/b" {
+		t.Fatalf("keys after restart: %q, want [/t/a /t/b]", keys)
+	}
+}
