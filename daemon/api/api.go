@@ -172,14 +172,21 @@ func (s *Server) DeleteService(_ context.Context, r *lbdv1.DeleteServiceRequest)
 
 // ApplyServices implements lbdv1.LoadBalancerServiceServer.
 func (s *Server) ApplyServices(_ context.Context, r *lbdv1.ApplyServicesRequest) (*lbdv1.ApplyServicesResponse, error) {
-	res, err := s.st.ApplyServices(r.GetOwner(), r.GetServices())
+	apply := s.st.ApplyServices
+	if r.GetValidateOnly() {
+		apply = s.st.PlanServices
+	}
+	res, err := apply(r.GetOwner(), r.GetServices())
 	if err != nil {
 		return nil, err
 	}
-	s.log.Info("services applied", "op", "apply-services", "owner", r.GetOwner(), "created", res.Created, "updated", res.Updated, "deleted", res.Deleted, "unchanged", res.Unchanged)
+	if !r.GetValidateOnly() {
+		s.log.Info("services applied", "op", "apply-services", "owner", r.GetOwner(), "created", res.Created, "updated", res.Updated, "deleted", res.Deleted, "unchanged", res.Unchanged)
+	}
 	return &lbdv1.ApplyServicesResponse{
 		Created: uint32(res.Created), Updated: uint32(res.Updated),
 		Deleted: uint32(res.Deleted), Unchanged: uint32(res.Unchanged),
+		Changes: res.Changes,
 	}, nil
 }
 

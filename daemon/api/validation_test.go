@@ -257,8 +257,8 @@ func TestBadRequestsChangeNothing(t *testing.T) {
 			_, err := c.lb.DeleteBackend(bg(), &lbdv1.DeleteBackendRequest{ServiceName: "web", Address: "x", Port: 8080})
 			return err
 		}, codes.InvalidArgument, "address"},
-		{"apply no owner", nil, func(c *clients) error {
-			_, err := c.lb.ApplyServices(bg(), &lbdv1.ApplyServicesRequest{Services: []*lbdv1.Service{web()}})
+		{"apply bad owner", nil, func(c *clients) error {
+			_, err := c.lb.ApplyServices(bg(), &lbdv1.ApplyServicesRequest{Owner: "a b", Services: []*lbdv1.Service{web()}})
 			return err
 		}, codes.InvalidArgument, "owner"},
 		{"apply other owner's name", nil, func(c *clients) error {

@@ -1,22 +1,40 @@
 package store
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
+	"google.golang.org/protobuf/proto"
 )
 
-// ApplyResult counts what ApplyServices did.
+// ApplyResult counts what ApplyServices did, and lists the changes.
 type ApplyResult struct {
 	Created, Updated, Deleted, Unchanged int
+	// Changes are the services created, updated and deleted, sorted by name.
+	Changes []*lbdv1.ServiceChange
 }
 
 // ApplyServices makes the services of owner exactly svcs, all or nothing. Services of
-// other owners are never touched; a name or frontend they use is a conflict.
+// other owners are never touched; a name or frontend they use is a conflict. The empty
+// owner is that of the services created one by one.
 func (s *Store) ApplyServices(owner string, svcs []*lbdv1.Service) (ApplyResult, error) {
+	return s.apply(owner, svcs, false)
+}
+
+// PlanServices is ApplyServices without the change: it checks svcs as ApplyServices
+// would and returns what it would do.
+func (s *Store) PlanServices(owner string, svcs []*lbdv1.Service) (ApplyResult, error) {
+	return s.apply(owner, svcs, true)
+}
+
+func (s *Store) apply(owner string, svcs []*lbdv1.Service, plan bool) (ApplyResult, error) {
 	var res ApplyResult
-	if err := validateName("owner", owner); err != nil {
-		return res, err
+	if owner != "" {
+		if err := validateName("owner", owner); err != nil {
+			return res, err
+		}
 	}
 	want := make([]*lbdv1.Service, 0, len(svcs))
 	names := make(map[string]int, len(svcs))
@@ -60,6 +78,7 @@ func (s *Store) ApplyServices(owner string, svcs []*lbdv1.Service) (ApplyResult,
 		if _, keep := names[name]; old.Owner == owner && !keep {
 			t.remove(old)
 			res.Deleted++
+			res.Changes = append(res.Changes, &lbdv1.ServiceChange{Name: name, Type: lbdv1.ServiceChangeType_SERVICE_CHANGE_TYPE_DELETED, Before: specOnly(old)})
 		}
 	}
 	changed := make([]bool, len(want))
@@ -84,12 +103,16 @@ func (s *Store) ApplyServices(owner string, svcs []*lbdv1.Service) (ApplyResult,
 			return ApplyResult{}, alreadyExists("services.vip", "frontend %s is already used by service %q", frontendOf(svc), other)
 		}
 		t.put(svc, old)
+		change := &lbdv1.ServiceChange{Name: svc.Name, Type: lbdv1.ServiceChangeType_SERVICE_CHANGE_TYPE_CREATED, After: specOnly(svc)}
 		if old == nil {
 			res.Created++
 		} else {
 			res.Updated++
+			change.Type, change.Before = lbdv1.ServiceChangeType_SERVICE_CHANGE_TYPE_UPDATED, specOnly(old)
 		}
+		res.Changes = append(res.Changes, change)
 	}
+	slices.SortFunc(res.Changes, func(a, b *lbdv1.ServiceChange) int { return cmp.Compare(a.Name, b.Name) })
 	if t.nsvc > s.opts.Limits.MaxServices {
 		t.abort()
 		return ApplyResult{}, failedPrecondition("services", "%d services would exceed the limit of %d", t.nsvc, s.opts.Limits.MaxServices)
@@ -98,8 +121,27 @@ func (s *Store) ApplyServices(owner string, svcs []*lbdv1.Service) (ApplyResult,
 		t.abort()
 		return res, nil
 	}
+	if plan {
+		err := t.checkLimits()
+		t.abort()
+		if err != nil {
+			return ApplyResult{}, err
+		}
+		return res, nil
+	}
 	if err := t.commit(); err != nil {
 		return ApplyResult{}, err
 	}
 	return res, nil
+}
+
+// specOnly is a copy of a stored service without what the store and the datapath add
+// to the spec: IDs, revision, status, and the backends' output-only fields.
+func specOnly(svc *lbdv1.Service) *lbdv1.Service {
+	out := proto.Clone(svc).(*lbdv1.Service)
+	out.Id, out.Revision, out.Status = 0, 0, nil
+	for _, b := range out.Backends {
+		b.Id, b.Health, b.TableSlots, b.NodeReachability = 0, nil, 0, lbdv1.Reachability_REACHABILITY_UNSPECIFIED
+	}
+	return out
 }

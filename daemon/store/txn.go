@@ -172,6 +172,14 @@ func humanBytes(n uint64) string {
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
+// checkLimits enforces the limits that apply to the whole state after the transaction.
+func (t *txn) checkLimits() error {
+	if err := t.checkBackendTotal(); err != nil {
+		return err
+	}
+	return t.checkMemory()
+}
+
 // abort ends a transaction without effect.
 func (t *txn) abort() { t.s.writeMu.Unlock() }
 
@@ -180,10 +188,7 @@ func (t *txn) abort() { t.s.writeMu.Unlock() }
 func (t *txn) commit() error {
 	s := t.s
 	defer s.writeMu.Unlock()
-	if err := t.checkBackendTotal(); err != nil {
-		return err
-	}
-	if err := t.checkMemory(); err != nil {
+	if err := t.checkLimits(); err != nil {
 		return err
 	}
 	if s.disk != nil {

@@ -28,6 +28,59 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// ServiceChangeType says what ApplyServices does to a service.
+type ServiceChangeType int32
+
+const (
+	ServiceChangeType_SERVICE_CHANGE_TYPE_UNSPECIFIED ServiceChangeType = 0
+	ServiceChangeType_SERVICE_CHANGE_TYPE_CREATED     ServiceChangeType = 1
+	ServiceChangeType_SERVICE_CHANGE_TYPE_UPDATED     ServiceChangeType = 2
+	ServiceChangeType_SERVICE_CHANGE_TYPE_DELETED     ServiceChangeType = 3
+)
+
+// Enum value maps for ServiceChangeType.
+var (
+	ServiceChangeType_name = map[int32]string{
+		0: "SERVICE_CHANGE_TYPE_UNSPECIFIED",
+		1: "SERVICE_CHANGE_TYPE_CREATED",
+		2: "SERVICE_CHANGE_TYPE_UPDATED",
+		3: "SERVICE_CHANGE_TYPE_DELETED",
+	}
+	ServiceChangeType_value = map[string]int32{
+		"SERVICE_CHANGE_TYPE_UNSPECIFIED": 0,
+		"SERVICE_CHANGE_TYPE_CREATED":     1,
+		"SERVICE_CHANGE_TYPE_UPDATED":     2,
+		"SERVICE_CHANGE_TYPE_DELETED":     3,
+	}
+)
+
+func (x ServiceChangeType) Enum() *ServiceChangeType {
+	p := new(ServiceChangeType)
+	*p = x
+	return p
+}
+
+func (x ServiceChangeType) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ServiceChangeType) Descriptor() protoreflect.EnumDescriptor {
+	return file_lbd_v1_api_proto_enumTypes[0].Descriptor()
+}
+
+func (ServiceChangeType) Type() protoreflect.EnumType {
+	return &file_lbd_v1_api_proto_enumTypes[0]
+}
+
+func (x ServiceChangeType) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ServiceChangeType.Descriptor instead.
+func (ServiceChangeType) EnumDescriptor() ([]byte, []int) {
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{0}
+}
+
 // WatchEventType says what happened to the service in a watch event.
 type WatchEventType int32
 
@@ -69,11 +122,11 @@ func (x WatchEventType) String() string {
 }
 
 func (WatchEventType) Descriptor() protoreflect.EnumDescriptor {
-	return file_lbd_v1_api_proto_enumTypes[0].Descriptor()
+	return file_lbd_v1_api_proto_enumTypes[1].Descriptor()
 }
 
 func (WatchEventType) Type() protoreflect.EnumType {
-	return &file_lbd_v1_api_proto_enumTypes[0]
+	return &file_lbd_v1_api_proto_enumTypes[1]
 }
 
 func (x WatchEventType) Number() protoreflect.EnumNumber {
@@ -82,7 +135,7 @@ func (x WatchEventType) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WatchEventType.Descriptor instead.
 func (WatchEventType) EnumDescriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{0}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{1}
 }
 
 type CreateServiceRequest struct {
@@ -562,9 +615,13 @@ func (*DeleteServiceResponse) Descriptor() ([]byte, []int) {
 
 type ApplyServicesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Non-empty owner name; every service given must carry it or leave owner empty.
-	Owner         string     `protobuf:"bytes,1,opt,name=owner,proto3" json:"owner,omitempty"`
-	Services      []*Service `protobuf:"bytes,2,rep,name=services,proto3" json:"services,omitempty"`
+	// The owner whose services are replaced; every service given must carry it or leave
+	// owner empty. The empty owner is that of services created one by one (lbctl service
+	// create): applying for it replaces those.
+	Owner    string     `protobuf:"bytes,1,opt,name=owner,proto3" json:"owner,omitempty"`
+	Services []*Service `protobuf:"bytes,2,rep,name=services,proto3" json:"services,omitempty"`
+	// Check the request and compute the changes, but change nothing (`lbctl diff -f`).
+	ValidateOnly  bool `protobuf:"varint,3,opt,name=validate_only,json=validateOnly,proto3" json:"validate_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -613,12 +670,22 @@ func (x *ApplyServicesRequest) GetServices() []*Service {
 	return nil
 }
 
+func (x *ApplyServicesRequest) GetValidateOnly() bool {
+	if x != nil {
+		return x.ValidateOnly
+	}
+	return false
+}
+
 type ApplyServicesResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Created       uint32                 `protobuf:"varint,1,opt,name=created,proto3" json:"created,omitempty"`
-	Updated       uint32                 `protobuf:"varint,2,opt,name=updated,proto3" json:"updated,omitempty"`
-	Deleted       uint32                 `protobuf:"varint,3,opt,name=deleted,proto3" json:"deleted,omitempty"`
-	Unchanged     uint32                 `protobuf:"varint,4,opt,name=unchanged,proto3" json:"unchanged,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Created   uint32                 `protobuf:"varint,1,opt,name=created,proto3" json:"created,omitempty"`
+	Updated   uint32                 `protobuf:"varint,2,opt,name=updated,proto3" json:"updated,omitempty"`
+	Deleted   uint32                 `protobuf:"varint,3,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	Unchanged uint32                 `protobuf:"varint,4,opt,name=unchanged,proto3" json:"unchanged,omitempty"`
+	// The services created, updated and deleted, sorted by name: what the call changed,
+	// or with validate_only what it would have changed.
+	Changes       []*ServiceChange `protobuf:"bytes,5,rep,name=changes,proto3" json:"changes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -681,6 +748,85 @@ func (x *ApplyServicesResponse) GetUnchanged() uint32 {
 	return 0
 }
 
+func (x *ApplyServicesResponse) GetChanges() []*ServiceChange {
+	if x != nil {
+		return x.Changes
+	}
+	return nil
+}
+
+// ServiceChange is one service that ApplyServices creates, updates or deletes. Before and
+// after hold the spec only (normalized as stored, without IDs, revision and status).
+type ServiceChange struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Type  ServiceChangeType      `protobuf:"varint,2,opt,name=type,proto3,enum=lbd.v1.ServiceChangeType" json:"type,omitempty"`
+	// Absent for CREATED.
+	Before *Service `protobuf:"bytes,3,opt,name=before,proto3" json:"before,omitempty"`
+	// Absent for DELETED.
+	After         *Service `protobuf:"bytes,4,opt,name=after,proto3" json:"after,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServiceChange) Reset() {
+	*x = ServiceChange{}
+	mi := &file_lbd_v1_api_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServiceChange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServiceChange) ProtoMessage() {}
+
+func (x *ServiceChange) ProtoReflect() protoreflect.Message {
+	mi := &file_lbd_v1_api_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServiceChange.ProtoReflect.Descriptor instead.
+func (*ServiceChange) Descriptor() ([]byte, []int) {
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ServiceChange) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ServiceChange) GetType() ServiceChangeType {
+	if x != nil {
+		return x.Type
+	}
+	return ServiceChangeType_SERVICE_CHANGE_TYPE_UNSPECIFIED
+}
+
+func (x *ServiceChange) GetBefore() *Service {
+	if x != nil {
+		return x.Before
+	}
+	return nil
+}
+
+func (x *ServiceChange) GetAfter() *Service {
+	if x != nil {
+		return x.After
+	}
+	return nil
+}
+
 type WatchServicesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Only services of this owner; empty watches all.
@@ -691,7 +837,7 @@ type WatchServicesRequest struct {
 
 func (x *WatchServicesRequest) Reset() {
 	*x = WatchServicesRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[12]
+	mi := &file_lbd_v1_api_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -703,7 +849,7 @@ func (x *WatchServicesRequest) String() string {
 func (*WatchServicesRequest) ProtoMessage() {}
 
 func (x *WatchServicesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[12]
+	mi := &file_lbd_v1_api_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -716,7 +862,7 @@ func (x *WatchServicesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchServicesRequest.ProtoReflect.Descriptor instead.
 func (*WatchServicesRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{12}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *WatchServicesRequest) GetOwner() string {
@@ -737,7 +883,7 @@ type WatchServicesResponse struct {
 
 func (x *WatchServicesResponse) Reset() {
 	*x = WatchServicesResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[13]
+	mi := &file_lbd_v1_api_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -749,7 +895,7 @@ func (x *WatchServicesResponse) String() string {
 func (*WatchServicesResponse) ProtoMessage() {}
 
 func (x *WatchServicesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[13]
+	mi := &file_lbd_v1_api_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -762,7 +908,7 @@ func (x *WatchServicesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchServicesResponse.ProtoReflect.Descriptor instead.
 func (*WatchServicesResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{13}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *WatchServicesResponse) GetType() WatchEventType {
@@ -789,7 +935,7 @@ type CreateBackendRequest struct {
 
 func (x *CreateBackendRequest) Reset() {
 	*x = CreateBackendRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[14]
+	mi := &file_lbd_v1_api_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -801,7 +947,7 @@ func (x *CreateBackendRequest) String() string {
 func (*CreateBackendRequest) ProtoMessage() {}
 
 func (x *CreateBackendRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[14]
+	mi := &file_lbd_v1_api_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -814,7 +960,7 @@ func (x *CreateBackendRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateBackendRequest.ProtoReflect.Descriptor instead.
 func (*CreateBackendRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{14}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CreateBackendRequest) GetServiceName() string {
@@ -840,7 +986,7 @@ type CreateBackendResponse struct {
 
 func (x *CreateBackendResponse) Reset() {
 	*x = CreateBackendResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[15]
+	mi := &file_lbd_v1_api_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -852,7 +998,7 @@ func (x *CreateBackendResponse) String() string {
 func (*CreateBackendResponse) ProtoMessage() {}
 
 func (x *CreateBackendResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[15]
+	mi := &file_lbd_v1_api_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -865,7 +1011,7 @@ func (x *CreateBackendResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateBackendResponse.ProtoReflect.Descriptor instead.
 func (*CreateBackendResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{15}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CreateBackendResponse) GetBackend() *Backend {
@@ -886,7 +1032,7 @@ type GetBackendRequest struct {
 
 func (x *GetBackendRequest) Reset() {
 	*x = GetBackendRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[16]
+	mi := &file_lbd_v1_api_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -898,7 +1044,7 @@ func (x *GetBackendRequest) String() string {
 func (*GetBackendRequest) ProtoMessage() {}
 
 func (x *GetBackendRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[16]
+	mi := &file_lbd_v1_api_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -911,7 +1057,7 @@ func (x *GetBackendRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBackendRequest.ProtoReflect.Descriptor instead.
 func (*GetBackendRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{16}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetBackendRequest) GetServiceName() string {
@@ -944,7 +1090,7 @@ type GetBackendResponse struct {
 
 func (x *GetBackendResponse) Reset() {
 	*x = GetBackendResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[17]
+	mi := &file_lbd_v1_api_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -956,7 +1102,7 @@ func (x *GetBackendResponse) String() string {
 func (*GetBackendResponse) ProtoMessage() {}
 
 func (x *GetBackendResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[17]
+	mi := &file_lbd_v1_api_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -969,7 +1115,7 @@ func (x *GetBackendResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBackendResponse.ProtoReflect.Descriptor instead.
 func (*GetBackendResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{17}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetBackendResponse) GetBackend() *Backend {
@@ -988,7 +1134,7 @@ type ListBackendsRequest struct {
 
 func (x *ListBackendsRequest) Reset() {
 	*x = ListBackendsRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[18]
+	mi := &file_lbd_v1_api_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1000,7 +1146,7 @@ func (x *ListBackendsRequest) String() string {
 func (*ListBackendsRequest) ProtoMessage() {}
 
 func (x *ListBackendsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[18]
+	mi := &file_lbd_v1_api_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1013,7 +1159,7 @@ func (x *ListBackendsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBackendsRequest.ProtoReflect.Descriptor instead.
 func (*ListBackendsRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{18}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListBackendsRequest) GetServiceName() string {
@@ -1032,7 +1178,7 @@ type ListBackendsResponse struct {
 
 func (x *ListBackendsResponse) Reset() {
 	*x = ListBackendsResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[19]
+	mi := &file_lbd_v1_api_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1044,7 +1190,7 @@ func (x *ListBackendsResponse) String() string {
 func (*ListBackendsResponse) ProtoMessage() {}
 
 func (x *ListBackendsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[19]
+	mi := &file_lbd_v1_api_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1057,7 +1203,7 @@ func (x *ListBackendsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBackendsResponse.ProtoReflect.Descriptor instead.
 func (*ListBackendsResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{19}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListBackendsResponse) GetBackends() []*Backend {
@@ -1085,7 +1231,7 @@ type UpdateBackendRequest struct {
 
 func (x *UpdateBackendRequest) Reset() {
 	*x = UpdateBackendRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[20]
+	mi := &file_lbd_v1_api_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1097,7 +1243,7 @@ func (x *UpdateBackendRequest) String() string {
 func (*UpdateBackendRequest) ProtoMessage() {}
 
 func (x *UpdateBackendRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[20]
+	mi := &file_lbd_v1_api_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1110,7 +1256,7 @@ func (x *UpdateBackendRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateBackendRequest.ProtoReflect.Descriptor instead.
 func (*UpdateBackendRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{20}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *UpdateBackendRequest) GetServiceName() string {
@@ -1150,7 +1296,7 @@ type UpdateBackendResponse struct {
 
 func (x *UpdateBackendResponse) Reset() {
 	*x = UpdateBackendResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[21]
+	mi := &file_lbd_v1_api_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1162,7 +1308,7 @@ func (x *UpdateBackendResponse) String() string {
 func (*UpdateBackendResponse) ProtoMessage() {}
 
 func (x *UpdateBackendResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[21]
+	mi := &file_lbd_v1_api_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1175,7 +1321,7 @@ func (x *UpdateBackendResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateBackendResponse.ProtoReflect.Descriptor instead.
 func (*UpdateBackendResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{21}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *UpdateBackendResponse) GetBackend() *Backend {
@@ -1196,7 +1342,7 @@ type DeleteBackendRequest struct {
 
 func (x *DeleteBackendRequest) Reset() {
 	*x = DeleteBackendRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[22]
+	mi := &file_lbd_v1_api_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1208,7 +1354,7 @@ func (x *DeleteBackendRequest) String() string {
 func (*DeleteBackendRequest) ProtoMessage() {}
 
 func (x *DeleteBackendRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[22]
+	mi := &file_lbd_v1_api_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1221,7 +1367,7 @@ func (x *DeleteBackendRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBackendRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBackendRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{22}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DeleteBackendRequest) GetServiceName() string {
@@ -1253,7 +1399,7 @@ type DeleteBackendResponse struct {
 
 func (x *DeleteBackendResponse) Reset() {
 	*x = DeleteBackendResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[23]
+	mi := &file_lbd_v1_api_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1265,7 +1411,7 @@ func (x *DeleteBackendResponse) String() string {
 func (*DeleteBackendResponse) ProtoMessage() {}
 
 func (x *DeleteBackendResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[23]
+	mi := &file_lbd_v1_api_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1278,7 +1424,7 @@ func (x *DeleteBackendResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBackendResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBackendResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{23}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{24}
 }
 
 type TraceFlowRequest struct {
@@ -1294,7 +1440,7 @@ type TraceFlowRequest struct {
 
 func (x *TraceFlowRequest) Reset() {
 	*x = TraceFlowRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[24]
+	mi := &file_lbd_v1_api_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1306,7 +1452,7 @@ func (x *TraceFlowRequest) String() string {
 func (*TraceFlowRequest) ProtoMessage() {}
 
 func (x *TraceFlowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[24]
+	mi := &file_lbd_v1_api_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1319,7 +1465,7 @@ func (x *TraceFlowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TraceFlowRequest.ProtoReflect.Descriptor instead.
 func (*TraceFlowRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{24}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *TraceFlowRequest) GetProtocol() Protocol {
@@ -1373,7 +1519,7 @@ type TraceFlowResponse struct {
 
 func (x *TraceFlowResponse) Reset() {
 	*x = TraceFlowResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[25]
+	mi := &file_lbd_v1_api_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1385,7 +1531,7 @@ func (x *TraceFlowResponse) String() string {
 func (*TraceFlowResponse) ProtoMessage() {}
 
 func (x *TraceFlowResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[25]
+	mi := &file_lbd_v1_api_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1398,7 +1544,7 @@ func (x *TraceFlowResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TraceFlowResponse.ProtoReflect.Descriptor instead.
 func (*TraceFlowResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{25}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *TraceFlowResponse) GetServiceName() string {
@@ -1453,7 +1599,7 @@ type ListConnectionsRequest struct {
 
 func (x *ListConnectionsRequest) Reset() {
 	*x = ListConnectionsRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[26]
+	mi := &file_lbd_v1_api_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1465,7 +1611,7 @@ func (x *ListConnectionsRequest) String() string {
 func (*ListConnectionsRequest) ProtoMessage() {}
 
 func (x *ListConnectionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[26]
+	mi := &file_lbd_v1_api_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1478,7 +1624,7 @@ func (x *ListConnectionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListConnectionsRequest.ProtoReflect.Descriptor instead.
 func (*ListConnectionsRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{26}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListConnectionsRequest) GetVip() string {
@@ -1543,7 +1689,7 @@ type ListConnectionsResponse struct {
 
 func (x *ListConnectionsResponse) Reset() {
 	*x = ListConnectionsResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[27]
+	mi := &file_lbd_v1_api_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1555,7 +1701,7 @@ func (x *ListConnectionsResponse) String() string {
 func (*ListConnectionsResponse) ProtoMessage() {}
 
 func (x *ListConnectionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[27]
+	mi := &file_lbd_v1_api_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1568,7 +1714,7 @@ func (x *ListConnectionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListConnectionsResponse.ProtoReflect.Descriptor instead.
 func (*ListConnectionsResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{27}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListConnectionsResponse) GetConnections() []*Connection {
@@ -1605,7 +1751,7 @@ type ListSocketTranslationsRequest struct {
 
 func (x *ListSocketTranslationsRequest) Reset() {
 	*x = ListSocketTranslationsRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[28]
+	mi := &file_lbd_v1_api_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1617,7 +1763,7 @@ func (x *ListSocketTranslationsRequest) String() string {
 func (*ListSocketTranslationsRequest) ProtoMessage() {}
 
 func (x *ListSocketTranslationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[28]
+	mi := &file_lbd_v1_api_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1630,7 +1776,7 @@ func (x *ListSocketTranslationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSocketTranslationsRequest.ProtoReflect.Descriptor instead.
 func (*ListSocketTranslationsRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{28}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListSocketTranslationsRequest) GetVip() string {
@@ -1665,7 +1811,7 @@ type ListSocketTranslationsResponse struct {
 
 func (x *ListSocketTranslationsResponse) Reset() {
 	*x = ListSocketTranslationsResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[29]
+	mi := &file_lbd_v1_api_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1677,7 +1823,7 @@ func (x *ListSocketTranslationsResponse) String() string {
 func (*ListSocketTranslationsResponse) ProtoMessage() {}
 
 func (x *ListSocketTranslationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[29]
+	mi := &file_lbd_v1_api_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1690,7 +1836,7 @@ func (x *ListSocketTranslationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSocketTranslationsResponse.ProtoReflect.Descriptor instead.
 func (*ListSocketTranslationsResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{29}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListSocketTranslationsResponse) GetTranslations() []*SocketTranslation {
@@ -1726,7 +1872,7 @@ type GetStatsRequest struct {
 
 func (x *GetStatsRequest) Reset() {
 	*x = GetStatsRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[30]
+	mi := &file_lbd_v1_api_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1738,7 +1884,7 @@ func (x *GetStatsRequest) String() string {
 func (*GetStatsRequest) ProtoMessage() {}
 
 func (x *GetStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[30]
+	mi := &file_lbd_v1_api_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1751,7 +1897,7 @@ func (x *GetStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatsRequest.ProtoReflect.Descriptor instead.
 func (*GetStatsRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{30}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetStatsRequest) GetServices() []string {
@@ -1803,7 +1949,7 @@ type GetStatsResponse struct {
 
 func (x *GetStatsResponse) Reset() {
 	*x = GetStatsResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[31]
+	mi := &file_lbd_v1_api_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1815,7 +1961,7 @@ func (x *GetStatsResponse) String() string {
 func (*GetStatsResponse) ProtoMessage() {}
 
 func (x *GetStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[31]
+	mi := &file_lbd_v1_api_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1828,7 +1974,7 @@ func (x *GetStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatsResponse.ProtoReflect.Descriptor instead.
 func (*GetStatsResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{31}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetStatsResponse) GetServices() []*ServiceStats {
@@ -1868,7 +2014,7 @@ type CreateBgpPeerRequest struct {
 
 func (x *CreateBgpPeerRequest) Reset() {
 	*x = CreateBgpPeerRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[32]
+	mi := &file_lbd_v1_api_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1880,7 +2026,7 @@ func (x *CreateBgpPeerRequest) String() string {
 func (*CreateBgpPeerRequest) ProtoMessage() {}
 
 func (x *CreateBgpPeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[32]
+	mi := &file_lbd_v1_api_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1893,7 +2039,7 @@ func (x *CreateBgpPeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateBgpPeerRequest.ProtoReflect.Descriptor instead.
 func (*CreateBgpPeerRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{32}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CreateBgpPeerRequest) GetPeer() *BgpPeer {
@@ -1912,7 +2058,7 @@ type CreateBgpPeerResponse struct {
 
 func (x *CreateBgpPeerResponse) Reset() {
 	*x = CreateBgpPeerResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[33]
+	mi := &file_lbd_v1_api_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1924,7 +2070,7 @@ func (x *CreateBgpPeerResponse) String() string {
 func (*CreateBgpPeerResponse) ProtoMessage() {}
 
 func (x *CreateBgpPeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[33]
+	mi := &file_lbd_v1_api_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1937,7 +2083,7 @@ func (x *CreateBgpPeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateBgpPeerResponse.ProtoReflect.Descriptor instead.
 func (*CreateBgpPeerResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{33}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *CreateBgpPeerResponse) GetPeer() *BgpPeer {
@@ -1956,7 +2102,7 @@ type GetBgpPeerRequest struct {
 
 func (x *GetBgpPeerRequest) Reset() {
 	*x = GetBgpPeerRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[34]
+	mi := &file_lbd_v1_api_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1968,7 +2114,7 @@ func (x *GetBgpPeerRequest) String() string {
 func (*GetBgpPeerRequest) ProtoMessage() {}
 
 func (x *GetBgpPeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[34]
+	mi := &file_lbd_v1_api_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1981,7 +2127,7 @@ func (x *GetBgpPeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBgpPeerRequest.ProtoReflect.Descriptor instead.
 func (*GetBgpPeerRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{34}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *GetBgpPeerRequest) GetAddress() string {
@@ -2000,7 +2146,7 @@ type GetBgpPeerResponse struct {
 
 func (x *GetBgpPeerResponse) Reset() {
 	*x = GetBgpPeerResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[35]
+	mi := &file_lbd_v1_api_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2012,7 +2158,7 @@ func (x *GetBgpPeerResponse) String() string {
 func (*GetBgpPeerResponse) ProtoMessage() {}
 
 func (x *GetBgpPeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[35]
+	mi := &file_lbd_v1_api_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2025,7 +2171,7 @@ func (x *GetBgpPeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBgpPeerResponse.ProtoReflect.Descriptor instead.
 func (*GetBgpPeerResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{35}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetBgpPeerResponse) GetPeer() *BgpPeer {
@@ -2043,7 +2189,7 @@ type ListBgpPeersRequest struct {
 
 func (x *ListBgpPeersRequest) Reset() {
 	*x = ListBgpPeersRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[36]
+	mi := &file_lbd_v1_api_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2055,7 +2201,7 @@ func (x *ListBgpPeersRequest) String() string {
 func (*ListBgpPeersRequest) ProtoMessage() {}
 
 func (x *ListBgpPeersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[36]
+	mi := &file_lbd_v1_api_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2068,7 +2214,7 @@ func (x *ListBgpPeersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBgpPeersRequest.ProtoReflect.Descriptor instead.
 func (*ListBgpPeersRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{36}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{37}
 }
 
 type ListBgpPeersResponse struct {
@@ -2080,7 +2226,7 @@ type ListBgpPeersResponse struct {
 
 func (x *ListBgpPeersResponse) Reset() {
 	*x = ListBgpPeersResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[37]
+	mi := &file_lbd_v1_api_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2092,7 +2238,7 @@ func (x *ListBgpPeersResponse) String() string {
 func (*ListBgpPeersResponse) ProtoMessage() {}
 
 func (x *ListBgpPeersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[37]
+	mi := &file_lbd_v1_api_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2105,7 +2251,7 @@ func (x *ListBgpPeersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBgpPeersResponse.ProtoReflect.Descriptor instead.
 func (*ListBgpPeersResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{37}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListBgpPeersResponse) GetPeers() []*BgpPeer {
@@ -2124,7 +2270,7 @@ type UpdateBgpPeerRequest struct {
 
 func (x *UpdateBgpPeerRequest) Reset() {
 	*x = UpdateBgpPeerRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[38]
+	mi := &file_lbd_v1_api_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2136,7 +2282,7 @@ func (x *UpdateBgpPeerRequest) String() string {
 func (*UpdateBgpPeerRequest) ProtoMessage() {}
 
 func (x *UpdateBgpPeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[38]
+	mi := &file_lbd_v1_api_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2149,7 +2295,7 @@ func (x *UpdateBgpPeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateBgpPeerRequest.ProtoReflect.Descriptor instead.
 func (*UpdateBgpPeerRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{38}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *UpdateBgpPeerRequest) GetPeer() *BgpPeer {
@@ -2168,7 +2314,7 @@ type UpdateBgpPeerResponse struct {
 
 func (x *UpdateBgpPeerResponse) Reset() {
 	*x = UpdateBgpPeerResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[39]
+	mi := &file_lbd_v1_api_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2180,7 +2326,7 @@ func (x *UpdateBgpPeerResponse) String() string {
 func (*UpdateBgpPeerResponse) ProtoMessage() {}
 
 func (x *UpdateBgpPeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[39]
+	mi := &file_lbd_v1_api_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2193,7 +2339,7 @@ func (x *UpdateBgpPeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateBgpPeerResponse.ProtoReflect.Descriptor instead.
 func (*UpdateBgpPeerResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{39}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *UpdateBgpPeerResponse) GetPeer() *BgpPeer {
@@ -2212,7 +2358,7 @@ type DeleteBgpPeerRequest struct {
 
 func (x *DeleteBgpPeerRequest) Reset() {
 	*x = DeleteBgpPeerRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[40]
+	mi := &file_lbd_v1_api_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2224,7 +2370,7 @@ func (x *DeleteBgpPeerRequest) String() string {
 func (*DeleteBgpPeerRequest) ProtoMessage() {}
 
 func (x *DeleteBgpPeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[40]
+	mi := &file_lbd_v1_api_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2237,7 +2383,7 @@ func (x *DeleteBgpPeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBgpPeerRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBgpPeerRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{40}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *DeleteBgpPeerRequest) GetAddress() string {
@@ -2255,7 +2401,7 @@ type DeleteBgpPeerResponse struct {
 
 func (x *DeleteBgpPeerResponse) Reset() {
 	*x = DeleteBgpPeerResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[41]
+	mi := &file_lbd_v1_api_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2267,7 +2413,7 @@ func (x *DeleteBgpPeerResponse) String() string {
 func (*DeleteBgpPeerResponse) ProtoMessage() {}
 
 func (x *DeleteBgpPeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[41]
+	mi := &file_lbd_v1_api_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2280,7 +2426,7 @@ func (x *DeleteBgpPeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBgpPeerResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBgpPeerResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{41}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{42}
 }
 
 type ListBgpRoutesRequest struct {
@@ -2291,7 +2437,7 @@ type ListBgpRoutesRequest struct {
 
 func (x *ListBgpRoutesRequest) Reset() {
 	*x = ListBgpRoutesRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[42]
+	mi := &file_lbd_v1_api_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2303,7 +2449,7 @@ func (x *ListBgpRoutesRequest) String() string {
 func (*ListBgpRoutesRequest) ProtoMessage() {}
 
 func (x *ListBgpRoutesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[42]
+	mi := &file_lbd_v1_api_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2316,7 +2462,7 @@ func (x *ListBgpRoutesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBgpRoutesRequest.ProtoReflect.Descriptor instead.
 func (*ListBgpRoutesRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{42}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{43}
 }
 
 type ListBgpRoutesResponse struct {
@@ -2328,7 +2474,7 @@ type ListBgpRoutesResponse struct {
 
 func (x *ListBgpRoutesResponse) Reset() {
 	*x = ListBgpRoutesResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[43]
+	mi := &file_lbd_v1_api_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2340,7 +2486,7 @@ func (x *ListBgpRoutesResponse) String() string {
 func (*ListBgpRoutesResponse) ProtoMessage() {}
 
 func (x *ListBgpRoutesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[43]
+	mi := &file_lbd_v1_api_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2353,7 +2499,7 @@ func (x *ListBgpRoutesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBgpRoutesResponse.ProtoReflect.Descriptor instead.
 func (*ListBgpRoutesResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{43}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListBgpRoutesResponse) GetRoutes() []*BgpRoute {
@@ -2371,7 +2517,7 @@ type GetNodeRequest struct {
 
 func (x *GetNodeRequest) Reset() {
 	*x = GetNodeRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[44]
+	mi := &file_lbd_v1_api_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2383,7 +2529,7 @@ func (x *GetNodeRequest) String() string {
 func (*GetNodeRequest) ProtoMessage() {}
 
 func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[44]
+	mi := &file_lbd_v1_api_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2396,7 +2542,7 @@ func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeRequest.ProtoReflect.Descriptor instead.
 func (*GetNodeRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{44}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{45}
 }
 
 type GetNodeResponse struct {
@@ -2408,7 +2554,7 @@ type GetNodeResponse struct {
 
 func (x *GetNodeResponse) Reset() {
 	*x = GetNodeResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[45]
+	mi := &file_lbd_v1_api_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2420,7 +2566,7 @@ func (x *GetNodeResponse) String() string {
 func (*GetNodeResponse) ProtoMessage() {}
 
 func (x *GetNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[45]
+	mi := &file_lbd_v1_api_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2433,7 +2579,7 @@ func (x *GetNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeResponse.ProtoReflect.Descriptor instead.
 func (*GetNodeResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{45}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *GetNodeResponse) GetNode() *Node {
@@ -2451,7 +2597,7 @@ type DrainNodeRequest struct {
 
 func (x *DrainNodeRequest) Reset() {
 	*x = DrainNodeRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[46]
+	mi := &file_lbd_v1_api_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2463,7 +2609,7 @@ func (x *DrainNodeRequest) String() string {
 func (*DrainNodeRequest) ProtoMessage() {}
 
 func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[46]
+	mi := &file_lbd_v1_api_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2476,7 +2622,7 @@ func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeRequest.ProtoReflect.Descriptor instead.
 func (*DrainNodeRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{46}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{47}
 }
 
 type DrainNodeResponse struct {
@@ -2488,7 +2634,7 @@ type DrainNodeResponse struct {
 
 func (x *DrainNodeResponse) Reset() {
 	*x = DrainNodeResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[47]
+	mi := &file_lbd_v1_api_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2500,7 +2646,7 @@ func (x *DrainNodeResponse) String() string {
 func (*DrainNodeResponse) ProtoMessage() {}
 
 func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[47]
+	mi := &file_lbd_v1_api_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2513,7 +2659,7 @@ func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeResponse.ProtoReflect.Descriptor instead.
 func (*DrainNodeResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{47}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *DrainNodeResponse) GetNode() *Node {
@@ -2531,7 +2677,7 @@ type UndrainNodeRequest struct {
 
 func (x *UndrainNodeRequest) Reset() {
 	*x = UndrainNodeRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[48]
+	mi := &file_lbd_v1_api_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2543,7 +2689,7 @@ func (x *UndrainNodeRequest) String() string {
 func (*UndrainNodeRequest) ProtoMessage() {}
 
 func (x *UndrainNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[48]
+	mi := &file_lbd_v1_api_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2556,7 +2702,7 @@ func (x *UndrainNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UndrainNodeRequest.ProtoReflect.Descriptor instead.
 func (*UndrainNodeRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{48}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{49}
 }
 
 type UndrainNodeResponse struct {
@@ -2568,7 +2714,7 @@ type UndrainNodeResponse struct {
 
 func (x *UndrainNodeResponse) Reset() {
 	*x = UndrainNodeResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[49]
+	mi := &file_lbd_v1_api_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2580,7 +2726,7 @@ func (x *UndrainNodeResponse) String() string {
 func (*UndrainNodeResponse) ProtoMessage() {}
 
 func (x *UndrainNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[49]
+	mi := &file_lbd_v1_api_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2593,7 +2739,7 @@ func (x *UndrainNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UndrainNodeResponse.ProtoReflect.Descriptor instead.
 func (*UndrainNodeResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{49}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *UndrainNodeResponse) GetNode() *Node {
@@ -2611,7 +2757,7 @@ type DetachNodeRequest struct {
 
 func (x *DetachNodeRequest) Reset() {
 	*x = DetachNodeRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[50]
+	mi := &file_lbd_v1_api_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2623,7 +2769,7 @@ func (x *DetachNodeRequest) String() string {
 func (*DetachNodeRequest) ProtoMessage() {}
 
 func (x *DetachNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[50]
+	mi := &file_lbd_v1_api_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2636,7 +2782,7 @@ func (x *DetachNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachNodeRequest.ProtoReflect.Descriptor instead.
 func (*DetachNodeRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{50}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{51}
 }
 
 type DetachNodeResponse struct {
@@ -2648,7 +2794,7 @@ type DetachNodeResponse struct {
 
 func (x *DetachNodeResponse) Reset() {
 	*x = DetachNodeResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[51]
+	mi := &file_lbd_v1_api_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2660,7 +2806,7 @@ func (x *DetachNodeResponse) String() string {
 func (*DetachNodeResponse) ProtoMessage() {}
 
 func (x *DetachNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[51]
+	mi := &file_lbd_v1_api_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2673,7 +2819,7 @@ func (x *DetachNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachNodeResponse.ProtoReflect.Descriptor instead.
 func (*DetachNodeResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{51}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *DetachNodeResponse) GetNode() *Node {
@@ -2691,7 +2837,7 @@ type VerifyNodeRequest struct {
 
 func (x *VerifyNodeRequest) Reset() {
 	*x = VerifyNodeRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[52]
+	mi := &file_lbd_v1_api_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2703,7 +2849,7 @@ func (x *VerifyNodeRequest) String() string {
 func (*VerifyNodeRequest) ProtoMessage() {}
 
 func (x *VerifyNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[52]
+	mi := &file_lbd_v1_api_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2716,7 +2862,7 @@ func (x *VerifyNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyNodeRequest.ProtoReflect.Descriptor instead.
 func (*VerifyNodeRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{52}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{53}
 }
 
 type VerifyNodeResponse struct {
@@ -2730,7 +2876,7 @@ type VerifyNodeResponse struct {
 
 func (x *VerifyNodeResponse) Reset() {
 	*x = VerifyNodeResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[53]
+	mi := &file_lbd_v1_api_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2742,7 +2888,7 @@ func (x *VerifyNodeResponse) String() string {
 func (*VerifyNodeResponse) ProtoMessage() {}
 
 func (x *VerifyNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[53]
+	mi := &file_lbd_v1_api_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2755,7 +2901,7 @@ func (x *VerifyNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyNodeResponse.ProtoReflect.Descriptor instead.
 func (*VerifyNodeResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{53}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *VerifyNodeResponse) GetRepaired() []*Drift {
@@ -2800,15 +2946,22 @@ const file_lbd_v1_api_proto_rawDesc = "" +
 	"\aservice\x18\x01 \x01(\v2\x0f.lbd.v1.ServiceR\aservice\"*\n" +
 	"\x14DeleteServiceRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x17\n" +
-	"\x15DeleteServiceResponse\"Y\n" +
+	"\x15DeleteServiceResponse\"~\n" +
 	"\x14ApplyServicesRequest\x12\x14\n" +
 	"\x05owner\x18\x01 \x01(\tR\x05owner\x12+\n" +
-	"\bservices\x18\x02 \x03(\v2\x0f.lbd.v1.ServiceR\bservices\"\x83\x01\n" +
+	"\bservices\x18\x02 \x03(\v2\x0f.lbd.v1.ServiceR\bservices\x12#\n" +
+	"\rvalidate_only\x18\x03 \x01(\bR\fvalidateOnly\"\xb4\x01\n" +
 	"\x15ApplyServicesResponse\x12\x18\n" +
 	"\acreated\x18\x01 \x01(\rR\acreated\x12\x18\n" +
 	"\aupdated\x18\x02 \x01(\rR\aupdated\x12\x18\n" +
 	"\adeleted\x18\x03 \x01(\rR\adeleted\x12\x1c\n" +
-	"\tunchanged\x18\x04 \x01(\rR\tunchanged\",\n" +
+	"\tunchanged\x18\x04 \x01(\rR\tunchanged\x12/\n" +
+	"\achanges\x18\x05 \x03(\v2\x15.lbd.v1.ServiceChangeR\achanges\"\xa2\x01\n" +
+	"\rServiceChange\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12-\n" +
+	"\x04type\x18\x02 \x01(\x0e2\x19.lbd.v1.ServiceChangeTypeR\x04type\x12'\n" +
+	"\x06before\x18\x03 \x01(\v2\x0f.lbd.v1.ServiceR\x06before\x12%\n" +
+	"\x05after\x18\x04 \x01(\v2\x0f.lbd.v1.ServiceR\x05after\",\n" +
 	"\x14WatchServicesRequest\x12\x14\n" +
 	"\x05owner\x18\x01 \x01(\tR\x05owner\"n\n" +
 	"\x15WatchServicesResponse\x12*\n" +
@@ -2920,7 +3073,12 @@ const file_lbd_v1_api_proto_rawDesc = "" +
 	"\x11VerifyNodeRequest\"a\n" +
 	"\x12VerifyNodeResponse\x12)\n" +
 	"\brepaired\x18\x01 \x03(\v2\r.lbd.v1.DriftR\brepaired\x12 \n" +
-	"\x04node\x18\x02 \x01(\v2\f.lbd.v1.NodeR\x04node*\xa8\x01\n" +
+	"\x04node\x18\x02 \x01(\v2\f.lbd.v1.NodeR\x04node*\x9b\x01\n" +
+	"\x11ServiceChangeType\x12#\n" +
+	"\x1fSERVICE_CHANGE_TYPE_UNSPECIFIED\x10\x00\x12\x1f\n" +
+	"\x1bSERVICE_CHANGE_TYPE_CREATED\x10\x01\x12\x1f\n" +
+	"\x1bSERVICE_CHANGE_TYPE_UPDATED\x10\x02\x12\x1f\n" +
+	"\x1bSERVICE_CHANGE_TYPE_DELETED\x10\x03*\xa8\x01\n" +
 	"\x0eWatchEventType\x12 \n" +
 	"\x1cWATCH_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16WATCH_EVENT_TYPE_ADDED\x10\x01\x12\x1d\n" +
@@ -2976,179 +3134,185 @@ func file_lbd_v1_api_proto_rawDescGZIP() []byte {
 	return file_lbd_v1_api_proto_rawDescData
 }
 
-var file_lbd_v1_api_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_lbd_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
+var file_lbd_v1_api_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_lbd_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
 var file_lbd_v1_api_proto_goTypes = []any{
-	(WatchEventType)(0),                    // 0: lbd.v1.WatchEventType
-	(*CreateServiceRequest)(nil),           // 1: lbd.v1.CreateServiceRequest
-	(*CreateServiceResponse)(nil),          // 2: lbd.v1.CreateServiceResponse
-	(*GetServiceRequest)(nil),              // 3: lbd.v1.GetServiceRequest
-	(*GetServiceResponse)(nil),             // 4: lbd.v1.GetServiceResponse
-	(*ListServicesRequest)(nil),            // 5: lbd.v1.ListServicesRequest
-	(*ListServicesResponse)(nil),           // 6: lbd.v1.ListServicesResponse
-	(*UpdateServiceRequest)(nil),           // 7: lbd.v1.UpdateServiceRequest
-	(*UpdateServiceResponse)(nil),          // 8: lbd.v1.UpdateServiceResponse
-	(*DeleteServiceRequest)(nil),           // 9: lbd.v1.DeleteServiceRequest
-	(*DeleteServiceResponse)(nil),          // 10: lbd.v1.DeleteServiceResponse
-	(*ApplyServicesRequest)(nil),           // 11: lbd.v1.ApplyServicesRequest
-	(*ApplyServicesResponse)(nil),          // 12: lbd.v1.ApplyServicesResponse
-	(*WatchServicesRequest)(nil),           // 13: lbd.v1.WatchServicesRequest
-	(*WatchServicesResponse)(nil),          // 14: lbd.v1.WatchServicesResponse
-	(*CreateBackendRequest)(nil),           // 15: lbd.v1.CreateBackendRequest
-	(*CreateBackendResponse)(nil),          // 16: lbd.v1.CreateBackendResponse
-	(*GetBackendRequest)(nil),              // 17: lbd.v1.GetBackendRequest
-	(*GetBackendResponse)(nil),             // 18: lbd.v1.GetBackendResponse
-	(*ListBackendsRequest)(nil),            // 19: lbd.v1.ListBackendsRequest
-	(*ListBackendsResponse)(nil),           // 20: lbd.v1.ListBackendsResponse
-	(*UpdateBackendRequest)(nil),           // 21: lbd.v1.UpdateBackendRequest
-	(*UpdateBackendResponse)(nil),          // 22: lbd.v1.UpdateBackendResponse
-	(*DeleteBackendRequest)(nil),           // 23: lbd.v1.DeleteBackendRequest
-	(*DeleteBackendResponse)(nil),          // 24: lbd.v1.DeleteBackendResponse
-	(*TraceFlowRequest)(nil),               // 25: lbd.v1.TraceFlowRequest
-	(*TraceFlowResponse)(nil),              // 26: lbd.v1.TraceFlowResponse
-	(*ListConnectionsRequest)(nil),         // 27: lbd.v1.ListConnectionsRequest
-	(*ListConnectionsResponse)(nil),        // 28: lbd.v1.ListConnectionsResponse
-	(*ListSocketTranslationsRequest)(nil),  // 29: lbd.v1.ListSocketTranslationsRequest
-	(*ListSocketTranslationsResponse)(nil), // 30: lbd.v1.ListSocketTranslationsResponse
-	(*GetStatsRequest)(nil),                // 31: lbd.v1.GetStatsRequest
-	(*GetStatsResponse)(nil),               // 32: lbd.v1.GetStatsResponse
-	(*CreateBgpPeerRequest)(nil),           // 33: lbd.v1.CreateBgpPeerRequest
-	(*CreateBgpPeerResponse)(nil),          // 34: lbd.v1.CreateBgpPeerResponse
-	(*GetBgpPeerRequest)(nil),              // 35: lbd.v1.GetBgpPeerRequest
-	(*GetBgpPeerResponse)(nil),             // 36: lbd.v1.GetBgpPeerResponse
-	(*ListBgpPeersRequest)(nil),            // 37: lbd.v1.ListBgpPeersRequest
-	(*ListBgpPeersResponse)(nil),           // 38: lbd.v1.ListBgpPeersResponse
-	(*UpdateBgpPeerRequest)(nil),           // 39: lbd.v1.UpdateBgpPeerRequest
-	(*UpdateBgpPeerResponse)(nil),          // 40: lbd.v1.UpdateBgpPeerResponse
-	(*DeleteBgpPeerRequest)(nil),           // 41: lbd.v1.DeleteBgpPeerRequest
-	(*DeleteBgpPeerResponse)(nil),          // 42: lbd.v1.DeleteBgpPeerResponse
-	(*ListBgpRoutesRequest)(nil),           // 43: lbd.v1.ListBgpRoutesRequest
-	(*ListBgpRoutesResponse)(nil),          // 44: lbd.v1.ListBgpRoutesResponse
-	(*GetNodeRequest)(nil),                 // 45: lbd.v1.GetNodeRequest
-	(*GetNodeResponse)(nil),                // 46: lbd.v1.GetNodeResponse
-	(*DrainNodeRequest)(nil),               // 47: lbd.v1.DrainNodeRequest
-	(*DrainNodeResponse)(nil),              // 48: lbd.v1.DrainNodeResponse
-	(*UndrainNodeRequest)(nil),             // 49: lbd.v1.UndrainNodeRequest
-	(*UndrainNodeResponse)(nil),            // 50: lbd.v1.UndrainNodeResponse
-	(*DetachNodeRequest)(nil),              // 51: lbd.v1.DetachNodeRequest
-	(*DetachNodeResponse)(nil),             // 52: lbd.v1.DetachNodeResponse
-	(*VerifyNodeRequest)(nil),              // 53: lbd.v1.VerifyNodeRequest
-	(*VerifyNodeResponse)(nil),             // 54: lbd.v1.VerifyNodeResponse
-	(*Service)(nil),                        // 55: lbd.v1.Service
-	(*Backend)(nil),                        // 56: lbd.v1.Backend
-	(*fieldmaskpb.FieldMask)(nil),          // 57: google.protobuf.FieldMask
-	(BackendState)(0),                      // 58: lbd.v1.BackendState
-	(Protocol)(0),                          // 59: lbd.v1.Protocol
-	(*Connection)(nil),                     // 60: lbd.v1.Connection
-	(*SocketTranslation)(nil),              // 61: lbd.v1.SocketTranslation
-	(StatsOrder)(0),                        // 62: lbd.v1.StatsOrder
-	(*ServiceStats)(nil),                   // 63: lbd.v1.ServiceStats
-	(*Counter)(nil),                        // 64: lbd.v1.Counter
-	(*EventCounter)(nil),                   // 65: lbd.v1.EventCounter
-	(*BgpPeer)(nil),                        // 66: lbd.v1.BgpPeer
-	(*BgpRoute)(nil),                       // 67: lbd.v1.BgpRoute
-	(*Node)(nil),                           // 68: lbd.v1.Node
-	(*Drift)(nil),                          // 69: lbd.v1.Drift
+	(ServiceChangeType)(0),                 // 0: lbd.v1.ServiceChangeType
+	(WatchEventType)(0),                    // 1: lbd.v1.WatchEventType
+	(*CreateServiceRequest)(nil),           // 2: lbd.v1.CreateServiceRequest
+	(*CreateServiceResponse)(nil),          // 3: lbd.v1.CreateServiceResponse
+	(*GetServiceRequest)(nil),              // 4: lbd.v1.GetServiceRequest
+	(*GetServiceResponse)(nil),             // 5: lbd.v1.GetServiceResponse
+	(*ListServicesRequest)(nil),            // 6: lbd.v1.ListServicesRequest
+	(*ListServicesResponse)(nil),           // 7: lbd.v1.ListServicesResponse
+	(*UpdateServiceRequest)(nil),           // 8: lbd.v1.UpdateServiceRequest
+	(*UpdateServiceResponse)(nil),          // 9: lbd.v1.UpdateServiceResponse
+	(*DeleteServiceRequest)(nil),           // 10: lbd.v1.DeleteServiceRequest
+	(*DeleteServiceResponse)(nil),          // 11: lbd.v1.DeleteServiceResponse
+	(*ApplyServicesRequest)(nil),           // 12: lbd.v1.ApplyServicesRequest
+	(*ApplyServicesResponse)(nil),          // 13: lbd.v1.ApplyServicesResponse
+	(*ServiceChange)(nil),                  // 14: lbd.v1.ServiceChange
+	(*WatchServicesRequest)(nil),           // 15: lbd.v1.WatchServicesRequest
+	(*WatchServicesResponse)(nil),          // 16: lbd.v1.WatchServicesResponse
+	(*CreateBackendRequest)(nil),           // 17: lbd.v1.CreateBackendRequest
+	(*CreateBackendResponse)(nil),          // 18: lbd.v1.CreateBackendResponse
+	(*GetBackendRequest)(nil),              // 19: lbd.v1.GetBackendRequest
+	(*GetBackendResponse)(nil),             // 20: lbd.v1.GetBackendResponse
+	(*ListBackendsRequest)(nil),            // 21: lbd.v1.ListBackendsRequest
+	(*ListBackendsResponse)(nil),           // 22: lbd.v1.ListBackendsResponse
+	(*UpdateBackendRequest)(nil),           // 23: lbd.v1.UpdateBackendRequest
+	(*UpdateBackendResponse)(nil),          // 24: lbd.v1.UpdateBackendResponse
+	(*DeleteBackendRequest)(nil),           // 25: lbd.v1.DeleteBackendRequest
+	(*DeleteBackendResponse)(nil),          // 26: lbd.v1.DeleteBackendResponse
+	(*TraceFlowRequest)(nil),               // 27: lbd.v1.TraceFlowRequest
+	(*TraceFlowResponse)(nil),              // 28: lbd.v1.TraceFlowResponse
+	(*ListConnectionsRequest)(nil),         // 29: lbd.v1.ListConnectionsRequest
+	(*ListConnectionsResponse)(nil),        // 30: lbd.v1.ListConnectionsResponse
+	(*ListSocketTranslationsRequest)(nil),  // 31: lbd.v1.ListSocketTranslationsRequest
+	(*ListSocketTranslationsResponse)(nil), // 32: lbd.v1.ListSocketTranslationsResponse
+	(*GetStatsRequest)(nil),                // 33: lbd.v1.GetStatsRequest
+	(*GetStatsResponse)(nil),               // 34: lbd.v1.GetStatsResponse
+	(*CreateBgpPeerRequest)(nil),           // 35: lbd.v1.CreateBgpPeerRequest
+	(*CreateBgpPeerResponse)(nil),          // 36: lbd.v1.CreateBgpPeerResponse
+	(*GetBgpPeerRequest)(nil),              // 37: lbd.v1.GetBgpPeerRequest
+	(*GetBgpPeerResponse)(nil),             // 38: lbd.v1.GetBgpPeerResponse
+	(*ListBgpPeersRequest)(nil),            // 39: lbd.v1.ListBgpPeersRequest
+	(*ListBgpPeersResponse)(nil),           // 40: lbd.v1.ListBgpPeersResponse
+	(*UpdateBgpPeerRequest)(nil),           // 41: lbd.v1.UpdateBgpPeerRequest
+	(*UpdateBgpPeerResponse)(nil),          // 42: lbd.v1.UpdateBgpPeerResponse
+	(*DeleteBgpPeerRequest)(nil),           // 43: lbd.v1.DeleteBgpPeerRequest
+	(*DeleteBgpPeerResponse)(nil),          // 44: lbd.v1.DeleteBgpPeerResponse
+	(*ListBgpRoutesRequest)(nil),           // 45: lbd.v1.ListBgpRoutesRequest
+	(*ListBgpRoutesResponse)(nil),          // 46: lbd.v1.ListBgpRoutesResponse
+	(*GetNodeRequest)(nil),                 // 47: lbd.v1.GetNodeRequest
+	(*GetNodeResponse)(nil),                // 48: lbd.v1.GetNodeResponse
+	(*DrainNodeRequest)(nil),               // 49: lbd.v1.DrainNodeRequest
+	(*DrainNodeResponse)(nil),              // 50: lbd.v1.DrainNodeResponse
+	(*UndrainNodeRequest)(nil),             // 51: lbd.v1.UndrainNodeRequest
+	(*UndrainNodeResponse)(nil),            // 52: lbd.v1.UndrainNodeResponse
+	(*DetachNodeRequest)(nil),              // 53: lbd.v1.DetachNodeRequest
+	(*DetachNodeResponse)(nil),             // 54: lbd.v1.DetachNodeResponse
+	(*VerifyNodeRequest)(nil),              // 55: lbd.v1.VerifyNodeRequest
+	(*VerifyNodeResponse)(nil),             // 56: lbd.v1.VerifyNodeResponse
+	(*Service)(nil),                        // 57: lbd.v1.Service
+	(*Backend)(nil),                        // 58: lbd.v1.Backend
+	(*fieldmaskpb.FieldMask)(nil),          // 59: google.protobuf.FieldMask
+	(BackendState)(0),                      // 60: lbd.v1.BackendState
+	(Protocol)(0),                          // 61: lbd.v1.Protocol
+	(*Connection)(nil),                     // 62: lbd.v1.Connection
+	(*SocketTranslation)(nil),              // 63: lbd.v1.SocketTranslation
+	(StatsOrder)(0),                        // 64: lbd.v1.StatsOrder
+	(*ServiceStats)(nil),                   // 65: lbd.v1.ServiceStats
+	(*Counter)(nil),                        // 66: lbd.v1.Counter
+	(*EventCounter)(nil),                   // 67: lbd.v1.EventCounter
+	(*BgpPeer)(nil),                        // 68: lbd.v1.BgpPeer
+	(*BgpRoute)(nil),                       // 69: lbd.v1.BgpRoute
+	(*Node)(nil),                           // 70: lbd.v1.Node
+	(*Drift)(nil),                          // 71: lbd.v1.Drift
 }
 var file_lbd_v1_api_proto_depIdxs = []int32{
-	55, // 0: lbd.v1.CreateServiceRequest.service:type_name -> lbd.v1.Service
-	55, // 1: lbd.v1.CreateServiceResponse.service:type_name -> lbd.v1.Service
-	55, // 2: lbd.v1.GetServiceResponse.service:type_name -> lbd.v1.Service
-	55, // 3: lbd.v1.ListServicesResponse.services:type_name -> lbd.v1.Service
-	55, // 4: lbd.v1.UpdateServiceRequest.service:type_name -> lbd.v1.Service
-	55, // 5: lbd.v1.UpdateServiceResponse.service:type_name -> lbd.v1.Service
-	55, // 6: lbd.v1.ApplyServicesRequest.services:type_name -> lbd.v1.Service
-	0,  // 7: lbd.v1.WatchServicesResponse.type:type_name -> lbd.v1.WatchEventType
-	55, // 8: lbd.v1.WatchServicesResponse.service:type_name -> lbd.v1.Service
-	56, // 9: lbd.v1.CreateBackendRequest.backend:type_name -> lbd.v1.Backend
-	56, // 10: lbd.v1.CreateBackendResponse.backend:type_name -> lbd.v1.Backend
-	56, // 11: lbd.v1.GetBackendResponse.backend:type_name -> lbd.v1.Backend
-	56, // 12: lbd.v1.ListBackendsResponse.backends:type_name -> lbd.v1.Backend
-	56, // 13: lbd.v1.UpdateBackendRequest.backend:type_name -> lbd.v1.Backend
-	57, // 14: lbd.v1.UpdateBackendRequest.update_mask:type_name -> google.protobuf.FieldMask
-	58, // 15: lbd.v1.UpdateBackendRequest.only_from_states:type_name -> lbd.v1.BackendState
-	56, // 16: lbd.v1.UpdateBackendResponse.backend:type_name -> lbd.v1.Backend
-	59, // 17: lbd.v1.TraceFlowRequest.protocol:type_name -> lbd.v1.Protocol
-	56, // 18: lbd.v1.TraceFlowResponse.backend:type_name -> lbd.v1.Backend
-	60, // 19: lbd.v1.ListConnectionsResponse.connections:type_name -> lbd.v1.Connection
-	61, // 20: lbd.v1.ListSocketTranslationsResponse.translations:type_name -> lbd.v1.SocketTranslation
-	62, // 21: lbd.v1.GetStatsRequest.order_by:type_name -> lbd.v1.StatsOrder
-	63, // 22: lbd.v1.GetStatsResponse.services:type_name -> lbd.v1.ServiceStats
-	64, // 23: lbd.v1.GetStatsResponse.reasons:type_name -> lbd.v1.Counter
-	65, // 24: lbd.v1.GetStatsResponse.socket_events:type_name -> lbd.v1.EventCounter
-	65, // 25: lbd.v1.GetStatsResponse.conntrack_events:type_name -> lbd.v1.EventCounter
-	66, // 26: lbd.v1.CreateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
-	66, // 27: lbd.v1.CreateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
-	66, // 28: lbd.v1.GetBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
-	66, // 29: lbd.v1.ListBgpPeersResponse.peers:type_name -> lbd.v1.BgpPeer
-	66, // 30: lbd.v1.UpdateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
-	66, // 31: lbd.v1.UpdateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
-	67, // 32: lbd.v1.ListBgpRoutesResponse.routes:type_name -> lbd.v1.BgpRoute
-	68, // 33: lbd.v1.GetNodeResponse.node:type_name -> lbd.v1.Node
-	68, // 34: lbd.v1.DrainNodeResponse.node:type_name -> lbd.v1.Node
-	68, // 35: lbd.v1.UndrainNodeResponse.node:type_name -> lbd.v1.Node
-	68, // 36: lbd.v1.DetachNodeResponse.node:type_name -> lbd.v1.Node
-	69, // 37: lbd.v1.VerifyNodeResponse.repaired:type_name -> lbd.v1.Drift
-	68, // 38: lbd.v1.VerifyNodeResponse.node:type_name -> lbd.v1.Node
-	1,  // 39: lbd.v1.LoadBalancerService.CreateService:input_type -> lbd.v1.CreateServiceRequest
-	3,  // 40: lbd.v1.LoadBalancerService.GetService:input_type -> lbd.v1.GetServiceRequest
-	5,  // 41: lbd.v1.LoadBalancerService.ListServices:input_type -> lbd.v1.ListServicesRequest
-	7,  // 42: lbd.v1.LoadBalancerService.UpdateService:input_type -> lbd.v1.UpdateServiceRequest
-	9,  // 43: lbd.v1.LoadBalancerService.DeleteService:input_type -> lbd.v1.DeleteServiceRequest
-	11, // 44: lbd.v1.LoadBalancerService.ApplyServices:input_type -> lbd.v1.ApplyServicesRequest
-	13, // 45: lbd.v1.LoadBalancerService.WatchServices:input_type -> lbd.v1.WatchServicesRequest
-	15, // 46: lbd.v1.LoadBalancerService.CreateBackend:input_type -> lbd.v1.CreateBackendRequest
-	17, // 47: lbd.v1.LoadBalancerService.GetBackend:input_type -> lbd.v1.GetBackendRequest
-	19, // 48: lbd.v1.LoadBalancerService.ListBackends:input_type -> lbd.v1.ListBackendsRequest
-	21, // 49: lbd.v1.LoadBalancerService.UpdateBackend:input_type -> lbd.v1.UpdateBackendRequest
-	23, // 50: lbd.v1.LoadBalancerService.DeleteBackend:input_type -> lbd.v1.DeleteBackendRequest
-	25, // 51: lbd.v1.LoadBalancerService.TraceFlow:input_type -> lbd.v1.TraceFlowRequest
-	27, // 52: lbd.v1.LoadBalancerService.ListConnections:input_type -> lbd.v1.ListConnectionsRequest
-	31, // 53: lbd.v1.LoadBalancerService.GetStats:input_type -> lbd.v1.GetStatsRequest
-	29, // 54: lbd.v1.LoadBalancerService.ListSocketTranslations:input_type -> lbd.v1.ListSocketTranslationsRequest
-	33, // 55: lbd.v1.BgpService.CreateBgpPeer:input_type -> lbd.v1.CreateBgpPeerRequest
-	35, // 56: lbd.v1.BgpService.GetBgpPeer:input_type -> lbd.v1.GetBgpPeerRequest
-	37, // 57: lbd.v1.BgpService.ListBgpPeers:input_type -> lbd.v1.ListBgpPeersRequest
-	39, // 58: lbd.v1.BgpService.UpdateBgpPeer:input_type -> lbd.v1.UpdateBgpPeerRequest
-	41, // 59: lbd.v1.BgpService.DeleteBgpPeer:input_type -> lbd.v1.DeleteBgpPeerRequest
-	43, // 60: lbd.v1.BgpService.ListBgpRoutes:input_type -> lbd.v1.ListBgpRoutesRequest
-	45, // 61: lbd.v1.NodeService.GetNode:input_type -> lbd.v1.GetNodeRequest
-	47, // 62: lbd.v1.NodeService.DrainNode:input_type -> lbd.v1.DrainNodeRequest
-	49, // 63: lbd.v1.NodeService.UndrainNode:input_type -> lbd.v1.UndrainNodeRequest
-	51, // 64: lbd.v1.NodeService.DetachNode:input_type -> lbd.v1.DetachNodeRequest
-	53, // 65: lbd.v1.NodeService.VerifyNode:input_type -> lbd.v1.VerifyNodeRequest
-	2,  // 66: lbd.v1.LoadBalancerService.CreateService:output_type -> lbd.v1.CreateServiceResponse
-	4,  // 67: lbd.v1.LoadBalancerService.GetService:output_type -> lbd.v1.GetServiceResponse
-	6,  // 68: lbd.v1.LoadBalancerService.ListServices:output_type -> lbd.v1.ListServicesResponse
-	8,  // 69: lbd.v1.LoadBalancerService.UpdateService:output_type -> lbd.v1.UpdateServiceResponse
-	10, // 70: lbd.v1.LoadBalancerService.DeleteService:output_type -> lbd.v1.DeleteServiceResponse
-	12, // 71: lbd.v1.LoadBalancerService.ApplyServices:output_type -> lbd.v1.ApplyServicesResponse
-	14, // 72: lbd.v1.LoadBalancerService.WatchServices:output_type -> lbd.v1.WatchServicesResponse
-	16, // 73: lbd.v1.LoadBalancerService.CreateBackend:output_type -> lbd.v1.CreateBackendResponse
-	18, // 74: lbd.v1.LoadBalancerService.GetBackend:output_type -> lbd.v1.GetBackendResponse
-	20, // 75: lbd.v1.LoadBalancerService.ListBackends:output_type -> lbd.v1.ListBackendsResponse
-	22, // 76: lbd.v1.LoadBalancerService.UpdateBackend:output_type -> lbd.v1.UpdateBackendResponse
-	24, // 77: lbd.v1.LoadBalancerService.DeleteBackend:output_type -> lbd.v1.DeleteBackendResponse
-	26, // 78: lbd.v1.LoadBalancerService.TraceFlow:output_type -> lbd.v1.TraceFlowResponse
-	28, // 79: lbd.v1.LoadBalancerService.ListConnections:output_type -> lbd.v1.ListConnectionsResponse
-	32, // 80: lbd.v1.LoadBalancerService.GetStats:output_type -> lbd.v1.GetStatsResponse
-	30, // 81: lbd.v1.LoadBalancerService.ListSocketTranslations:output_type -> lbd.v1.ListSocketTranslationsResponse
-	34, // 82: lbd.v1.BgpService.CreateBgpPeer:output_type -> lbd.v1.CreateBgpPeerResponse
-	36, // 83: lbd.v1.BgpService.GetBgpPeer:output_type -> lbd.v1.GetBgpPeerResponse
-	38, // 84: lbd.v1.BgpService.ListBgpPeers:output_type -> lbd.v1.ListBgpPeersResponse
-	40, // 85: lbd.v1.BgpService.UpdateBgpPeer:output_type -> lbd.v1.UpdateBgpPeerResponse
-	42, // 86: lbd.v1.BgpService.DeleteBgpPeer:output_type -> lbd.v1.DeleteBgpPeerResponse
-	44, // 87: lbd.v1.BgpService.ListBgpRoutes:output_type -> lbd.v1.ListBgpRoutesResponse
-	46, // 88: lbd.v1.NodeService.GetNode:output_type -> lbd.v1.GetNodeResponse
-	48, // 89: lbd.v1.NodeService.DrainNode:output_type -> lbd.v1.DrainNodeResponse
-	50, // 90: lbd.v1.NodeService.UndrainNode:output_type -> lbd.v1.UndrainNodeResponse
-	52, // 91: lbd.v1.NodeService.DetachNode:output_type -> lbd.v1.DetachNodeResponse
-	54, // 92: lbd.v1.NodeService.VerifyNode:output_type -> lbd.v1.VerifyNodeResponse
-	66, // [66:93] is the sub-list for method output_type
-	39, // [39:66] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	57, // 0: lbd.v1.CreateServiceRequest.service:type_name -> lbd.v1.Service
+	57, // 1: lbd.v1.CreateServiceResponse.service:type_name -> lbd.v1.Service
+	57, // 2: lbd.v1.GetServiceResponse.service:type_name -> lbd.v1.Service
+	57, // 3: lbd.v1.ListServicesResponse.services:type_name -> lbd.v1.Service
+	57, // 4: lbd.v1.UpdateServiceRequest.service:type_name -> lbd.v1.Service
+	57, // 5: lbd.v1.UpdateServiceResponse.service:type_name -> lbd.v1.Service
+	57, // 6: lbd.v1.ApplyServicesRequest.services:type_name -> lbd.v1.Service
+	14, // 7: lbd.v1.ApplyServicesResponse.changes:type_name -> lbd.v1.ServiceChange
+	0,  // 8: lbd.v1.ServiceChange.type:type_name -> lbd.v1.ServiceChangeType
+	57, // 9: lbd.v1.ServiceChange.before:type_name -> lbd.v1.Service
+	57, // 10: lbd.v1.ServiceChange.after:type_name -> lbd.v1.Service
+	1,  // 11: lbd.v1.WatchServicesResponse.type:type_name -> lbd.v1.WatchEventType
+	57, // 12: lbd.v1.WatchServicesResponse.service:type_name -> lbd.v1.Service
+	58, // 13: lbd.v1.CreateBackendRequest.backend:type_name -> lbd.v1.Backend
+	58, // 14: lbd.v1.CreateBackendResponse.backend:type_name -> lbd.v1.Backend
+	58, // 15: lbd.v1.GetBackendResponse.backend:type_name -> lbd.v1.Backend
+	58, // 16: lbd.v1.ListBackendsResponse.backends:type_name -> lbd.v1.Backend
+	58, // 17: lbd.v1.UpdateBackendRequest.backend:type_name -> lbd.v1.Backend
+	59, // 18: lbd.v1.UpdateBackendRequest.update_mask:type_name -> google.protobuf.FieldMask
+	60, // 19: lbd.v1.UpdateBackendRequest.only_from_states:type_name -> lbd.v1.BackendState
+	58, // 20: lbd.v1.UpdateBackendResponse.backend:type_name -> lbd.v1.Backend
+	61, // 21: lbd.v1.TraceFlowRequest.protocol:type_name -> lbd.v1.Protocol
+	58, // 22: lbd.v1.TraceFlowResponse.backend:type_name -> lbd.v1.Backend
+	62, // 23: lbd.v1.ListConnectionsResponse.connections:type_name -> lbd.v1.Connection
+	63, // 24: lbd.v1.ListSocketTranslationsResponse.translations:type_name -> lbd.v1.SocketTranslation
+	64, // 25: lbd.v1.GetStatsRequest.order_by:type_name -> lbd.v1.StatsOrder
+	65, // 26: lbd.v1.GetStatsResponse.services:type_name -> lbd.v1.ServiceStats
+	66, // 27: lbd.v1.GetStatsResponse.reasons:type_name -> lbd.v1.Counter
+	67, // 28: lbd.v1.GetStatsResponse.socket_events:type_name -> lbd.v1.EventCounter
+	67, // 29: lbd.v1.GetStatsResponse.conntrack_events:type_name -> lbd.v1.EventCounter
+	68, // 30: lbd.v1.CreateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
+	68, // 31: lbd.v1.CreateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
+	68, // 32: lbd.v1.GetBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
+	68, // 33: lbd.v1.ListBgpPeersResponse.peers:type_name -> lbd.v1.BgpPeer
+	68, // 34: lbd.v1.UpdateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
+	68, // 35: lbd.v1.UpdateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
+	69, // 36: lbd.v1.ListBgpRoutesResponse.routes:type_name -> lbd.v1.BgpRoute
+	70, // 37: lbd.v1.GetNodeResponse.node:type_name -> lbd.v1.Node
+	70, // 38: lbd.v1.DrainNodeResponse.node:type_name -> lbd.v1.Node
+	70, // 39: lbd.v1.UndrainNodeResponse.node:type_name -> lbd.v1.Node
+	70, // 40: lbd.v1.DetachNodeResponse.node:type_name -> lbd.v1.Node
+	71, // 41: lbd.v1.VerifyNodeResponse.repaired:type_name -> lbd.v1.Drift
+	70, // 42: lbd.v1.VerifyNodeResponse.node:type_name -> lbd.v1.Node
+	2,  // 43: lbd.v1.LoadBalancerService.CreateService:input_type -> lbd.v1.CreateServiceRequest
+	4,  // 44: lbd.v1.LoadBalancerService.GetService:input_type -> lbd.v1.GetServiceRequest
+	6,  // 45: lbd.v1.LoadBalancerService.ListServices:input_type -> lbd.v1.ListServicesRequest
+	8,  // 46: lbd.v1.LoadBalancerService.UpdateService:input_type -> lbd.v1.UpdateServiceRequest
+	10, // 47: lbd.v1.LoadBalancerService.DeleteService:input_type -> lbd.v1.DeleteServiceRequest
+	12, // 48: lbd.v1.LoadBalancerService.ApplyServices:input_type -> lbd.v1.ApplyServicesRequest
+	15, // 49: lbd.v1.LoadBalancerService.WatchServices:input_type -> lbd.v1.WatchServicesRequest
+	17, // 50: lbd.v1.LoadBalancerService.CreateBackend:input_type -> lbd.v1.CreateBackendRequest
+	19, // 51: lbd.v1.LoadBalancerService.GetBackend:input_type -> lbd.v1.GetBackendRequest
+	21, // 52: lbd.v1.LoadBalancerService.ListBackends:input_type -> lbd.v1.ListBackendsRequest
+	23, // 53: lbd.v1.LoadBalancerService.UpdateBackend:input_type -> lbd.v1.UpdateBackendRequest
+	25, // 54: lbd.v1.LoadBalancerService.DeleteBackend:input_type -> lbd.v1.DeleteBackendRequest
+	27, // 55: lbd.v1.LoadBalancerService.TraceFlow:input_type -> lbd.v1.TraceFlowRequest
+	29, // 56: lbd.v1.LoadBalancerService.ListConnections:input_type -> lbd.v1.ListConnectionsRequest
+	33, // 57: lbd.v1.LoadBalancerService.GetStats:input_type -> lbd.v1.GetStatsRequest
+	31, // 58: lbd.v1.LoadBalancerService.ListSocketTranslations:input_type -> lbd.v1.ListSocketTranslationsRequest
+	35, // 59: lbd.v1.BgpService.CreateBgpPeer:input_type -> lbd.v1.CreateBgpPeerRequest
+	37, // 60: lbd.v1.BgpService.GetBgpPeer:input_type -> lbd.v1.GetBgpPeerRequest
+	39, // 61: lbd.v1.BgpService.ListBgpPeers:input_type -> lbd.v1.ListBgpPeersRequest
+	41, // 62: lbd.v1.BgpService.UpdateBgpPeer:input_type -> lbd.v1.UpdateBgpPeerRequest
+	43, // 63: lbd.v1.BgpService.DeleteBgpPeer:input_type -> lbd.v1.DeleteBgpPeerRequest
+	45, // 64: lbd.v1.BgpService.ListBgpRoutes:input_type -> lbd.v1.ListBgpRoutesRequest
+	47, // 65: lbd.v1.NodeService.GetNode:input_type -> lbd.v1.GetNodeRequest
+	49, // 66: lbd.v1.NodeService.DrainNode:input_type -> lbd.v1.DrainNodeRequest
+	51, // 67: lbd.v1.NodeService.UndrainNode:input_type -> lbd.v1.UndrainNodeRequest
+	53, // 68: lbd.v1.NodeService.DetachNode:input_type -> lbd.v1.DetachNodeRequest
+	55, // 69: lbd.v1.NodeService.VerifyNode:input_type -> lbd.v1.VerifyNodeRequest
+	3,  // 70: lbd.v1.LoadBalancerService.CreateService:output_type -> lbd.v1.CreateServiceResponse
+	5,  // 71: lbd.v1.LoadBalancerService.GetService:output_type -> lbd.v1.GetServiceResponse
+	7,  // 72: lbd.v1.LoadBalancerService.ListServices:output_type -> lbd.v1.ListServicesResponse
+	9,  // 73: lbd.v1.LoadBalancerService.UpdateService:output_type -> lbd.v1.UpdateServiceResponse
+	11, // 74: lbd.v1.LoadBalancerService.DeleteService:output_type -> lbd.v1.DeleteServiceResponse
+	13, // 75: lbd.v1.LoadBalancerService.ApplyServices:output_type -> lbd.v1.ApplyServicesResponse
+	16, // 76: lbd.v1.LoadBalancerService.WatchServices:output_type -> lbd.v1.WatchServicesResponse
+	18, // 77: lbd.v1.LoadBalancerService.CreateBackend:output_type -> lbd.v1.CreateBackendResponse
+	20, // 78: lbd.v1.LoadBalancerService.GetBackend:output_type -> lbd.v1.GetBackendResponse
+	22, // 79: lbd.v1.LoadBalancerService.ListBackends:output_type -> lbd.v1.ListBackendsResponse
+	24, // 80: lbd.v1.LoadBalancerService.UpdateBackend:output_type -> lbd.v1.UpdateBackendResponse
+	26, // 81: lbd.v1.LoadBalancerService.DeleteBackend:output_type -> lbd.v1.DeleteBackendResponse
+	28, // 82: lbd.v1.LoadBalancerService.TraceFlow:output_type -> lbd.v1.TraceFlowResponse
+	30, // 83: lbd.v1.LoadBalancerService.ListConnections:output_type -> lbd.v1.ListConnectionsResponse
+	34, // 84: lbd.v1.LoadBalancerService.GetStats:output_type -> lbd.v1.GetStatsResponse
+	32, // 85: lbd.v1.LoadBalancerService.ListSocketTranslations:output_type -> lbd.v1.ListSocketTranslationsResponse
+	36, // 86: lbd.v1.BgpService.CreateBgpPeer:output_type -> lbd.v1.CreateBgpPeerResponse
+	38, // 87: lbd.v1.BgpService.GetBgpPeer:output_type -> lbd.v1.GetBgpPeerResponse
+	40, // 88: lbd.v1.BgpService.ListBgpPeers:output_type -> lbd.v1.ListBgpPeersResponse
+	42, // 89: lbd.v1.BgpService.UpdateBgpPeer:output_type -> lbd.v1.UpdateBgpPeerResponse
+	44, // 90: lbd.v1.BgpService.DeleteBgpPeer:output_type -> lbd.v1.DeleteBgpPeerResponse
+	46, // 91: lbd.v1.BgpService.ListBgpRoutes:output_type -> lbd.v1.ListBgpRoutesResponse
+	48, // 92: lbd.v1.NodeService.GetNode:output_type -> lbd.v1.GetNodeResponse
+	50, // 93: lbd.v1.NodeService.DrainNode:output_type -> lbd.v1.DrainNodeResponse
+	52, // 94: lbd.v1.NodeService.UndrainNode:output_type -> lbd.v1.UndrainNodeResponse
+	54, // 95: lbd.v1.NodeService.DetachNode:output_type -> lbd.v1.DetachNodeResponse
+	56, // 96: lbd.v1.NodeService.VerifyNode:output_type -> lbd.v1.VerifyNodeResponse
+	70, // [70:97] is the sub-list for method output_type
+	43, // [43:70] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_lbd_v1_api_proto_init() }
@@ -3165,8 +3329,8 @@ func file_lbd_v1_api_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lbd_v1_api_proto_rawDesc), len(file_lbd_v1_api_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   54,
+			NumEnums:      2,
+			NumMessages:   55,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -65,7 +65,8 @@ type LoadBalancerServiceClient interface {
 	DeleteService(ctx context.Context, in *DeleteServiceRequest, opts ...grpc.CallOption) (*DeleteServiceResponse, error)
 	// ApplyServices atomically replaces everything an owner owns with the given services:
 	// missing ones are created, changed ones updated, absent ones deleted. It is
-	// all-or-nothing and never touches services of another owner.
+	// all-or-nothing and never touches services of another owner. With validate_only it
+	// changes nothing and answers what it would have changed.
 	ApplyServices(ctx context.Context, in *ApplyServicesRequest, opts ...grpc.CallOption) (*ApplyServicesResponse, error)
 	// WatchServices streams the current services, a SYNCED marker, then every change. A
 	// node serves api.max_watchers watches at once; one more is refused with
@@ -293,7 +294,8 @@ type LoadBalancerServiceServer interface {
 	DeleteService(context.Context, *DeleteServiceRequest) (*DeleteServiceResponse, error)
 	// ApplyServices atomically replaces everything an owner owns with the given services:
 	// missing ones are created, changed ones updated, absent ones deleted. It is
-	// all-or-nothing and never touches services of another owner.
+	// all-or-nothing and never touches services of another owner. With validate_only it
+	// changes nothing and answers what it would have changed.
 	ApplyServices(context.Context, *ApplyServicesRequest) (*ApplyServicesResponse, error)
 	// WatchServices streams the current services, a SYNCED marker, then every change. A
 	// node serves api.max_watchers watches at once; one more is refused with
