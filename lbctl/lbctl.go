@@ -163,6 +163,9 @@ counters, tracked connections and flow traces.`,
 		a.conntrackCommand(),
 		a.socketCommand(),
 		a.traceCommand(),
+		a.applyCommand(),
+		a.diffCommand(),
+		a.exportCommand(),
 		a.versionCommand(),
 	)
 	// cobra adds "completion bash|zsh|fish|powershell" itself; make it a group like ours.
