@@ -56,6 +56,9 @@ type Options struct {
 	Version  string
 	Datapath Datapath
 	BGP      BGP
+	// Tables and Fleet serve the fleet RPCs (fleet.go); nil where the node has none.
+	Tables Tables
+	Fleet  Fleet
 	// MaxWatchers bounds the WatchServices streams open at once (DefaultMaxWatchers if 0).
 	MaxWatchers int
 	// WatchBacklog is how many changes a watcher may lag behind before its stream is
@@ -64,11 +67,12 @@ type Options struct {
 	WatchBacklog int
 }
 
-// Server implements the three lbd.v1 services.
+// Server implements the lbd.v1 services.
 type Server struct {
 	lbdv1.UnimplementedLoadBalancerServiceServer
 	lbdv1.UnimplementedBgpServiceServer
 	lbdv1.UnimplementedNodeServiceServer
+	lbdv1.UnimplementedFleetServiceServer
 
 	opts     Options
 	st       *store.Store
@@ -125,6 +129,7 @@ func (s *Server) Register(g *grpc.Server) {
 	lbdv1.RegisterLoadBalancerServiceServer(g, s)
 	lbdv1.RegisterBgpServiceServer(g, s)
 	lbdv1.RegisterNodeServiceServer(g, s)
+	lbdv1.RegisterFleetServiceServer(g, s)
 }
 
 // unimplemented answers an RPC whose machinery is not on this node.

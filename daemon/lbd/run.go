@@ -188,7 +188,7 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 	}
 
 	apiOpts := api.Options{Store: st, Logger: log.Named("api"), Version: Version, Roles: cfg.Roles, BGP: apiBGP,
-		MaxWatchers: cfg.API.MaxWatchers, WatchBacklog: cfg.WatchBacklogOrDefault()}
+		MaxWatchers: cfg.API.MaxWatchers, WatchBacklog: cfg.WatchBacklogOrDefault(), Tables: tablesOf(dp, dcfg)}
 	if withDatapath {
 		apiOpts.Datapath = dp
 	}
