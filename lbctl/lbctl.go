@@ -44,7 +44,8 @@ const (
 )
 
 // Main runs lbctl with args (the program name excluded) and returns the process exit code.
-// Results go to stdout only if the command succeeds; errors go to stderr as
+// Results go to stdout only if the command succeeds (or, for a check that found a
+// problem, with the report of what it found); errors go to stderr as
 // "lbctl: <message> (code: <gRPC code>)".
 func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	a := &app{stdin: stdin, stdout: stdout, now: time.Now}
@@ -55,11 +56,16 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		// Closing only releases the connection; every RPC has already returned.
 		_ = a.conn.Close()
 	}
-	if err != nil {
+	var found *findings
+	if err != nil && !errors.As(err, &found) {
 		return a.report(stderr, cmd, err)
 	}
 	if _, err := stdout.Write(a.out.Bytes()); err != nil {
 		fmt.Fprintf(stderr, "lbctl: write output: %v\n", err)
+		return ExitError
+	}
+	if found != nil {
+		fmt.Fprintf(stderr, "lbctl: %v\n", found)
 		return ExitError
 	}
 	return ExitOK
@@ -166,6 +172,7 @@ counters, tracked connections and flow traces.`,
 		a.applyCommand(),
 		a.diffCommand(),
 		a.exportCommand(),
+		a.fleetCommand(),
 		a.versionCommand(),
 	)
 	// cobra adds "completion bash|zsh|fish|powershell" itself; make it a group like ours.
