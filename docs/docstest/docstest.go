@@ -111,6 +111,11 @@ var commandClasses = []struct {
 	{"lbctl stats", ClassTestbed, "reads datapath counters: needs a role"},
 	{"lbctl conntrack", ClassTestbed, "reads datapath maps: needs a role"},
 	{"lbctl trace", ClassTestbed, "runs the loaded XDP program: needs an LB node"},
+	{"lbctl export", ClassDaemon, "writes the services as a file"},
+	{"lbctl diff", ClassDaemon, "asks the daemon what an apply would change"},
+	{"lbctl apply", ClassDaemon, "services are control-plane state"},
+	{"lbctl fleet check", ClassTestbed, "compares what LB nodes' datapaths hold"},
+	{"lbctl fleet status", ClassTestbed, "needs a fleet of LB nodes on the etcd store"},
 	{"lbctl socket", ClassTestbed, "reads socket-level load balancing maps: needs datapath.socket_lb"},
 	{"go run ./examples/client", ClassDaemon, "the API client example"},
 
