@@ -27,6 +27,7 @@ import (
 
 	"github.com/lbd-dev/lbd/internal/testnet"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 )
 
 // Version is the etcd release the tests run; testbin/build.sh builds it.
@@ -151,7 +152,7 @@ func (c *Cluster) Endpoints() []string {
 // Client returns a client of the whole cluster, closed when the test ends.
 func (c *Cluster) Client() *clientv3.Client {
 	c.tb.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 5 * time.Second})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		c.tb.Fatalf("etcd client: %v", err)
 	}
@@ -205,7 +206,8 @@ func (c *Cluster) healthy() error {
 }
 
 func probe(eps []string, fn func(context.Context, *clientv3.Client) error) error {
-	cli, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: time.Second})
+	// Its retries while members start are expected: no log of them.
+	cli, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		return err
 	}
