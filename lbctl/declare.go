@@ -30,19 +30,10 @@ services change all or nothing; every owner of the file is checked before any is
 changed. FILE is what 'lbctl export' writes; - reads standard input.`,
 		Args: exactArgs(),
 		RunE: a.run(func(ctx context.Context, cmd *cobra.Command, _ []string) error {
-			docs, err := a.readFileFlag(file)
-			if err != nil {
-				return err
-			}
-			lb, err := a.lb()
-			if err != nil {
-				return err
-			}
 			// Every document is checked first: a refused one changes nothing at all.
-			for _, d := range docs {
-				if _, err := lb.ApplyServices(ctx, &lbdv1.ApplyServicesRequest{Owner: d.Owner, Services: d.Services, ValidateOnly: true}); err != nil {
-					return ownerError(d.Owner, err)
-				}
+			docs, lb, _, err := a.plan(ctx, file)
+			if err != nil {
+				return err
 			}
 			var results []ownerResult
 			for _, d := range docs {
@@ -73,21 +64,9 @@ by field: "+ service" is created, "- service" deleted, "~ service" updated, with
 fields removed (-) and added (+). It changes nothing.`,
 		Args: exactArgs(),
 		RunE: a.run(func(ctx context.Context, cmd *cobra.Command, _ []string) error {
-			docs, err := a.readFileFlag(file)
+			_, _, results, err := a.plan(ctx, file)
 			if err != nil {
 				return err
-			}
-			lb, err := a.lb()
-			if err != nil {
-				return err
-			}
-			var results []ownerResult
-			for _, d := range docs {
-				resp, err := lb.ApplyServices(ctx, &lbdv1.ApplyServicesRequest{Owner: d.Owner, Services: d.Services, ValidateOnly: true})
-				if err != nil {
-					return ownerError(d.Owner, err)
-				}
-				results = append(results, ownerResult{d.Owner, resp})
 			}
 			return a.printResults(results, true)
 		}),
@@ -132,6 +111,28 @@ YAML: -o does not apply.`,
 	}
 	cmd.Flags().StringVar(&owner, "owner", "", `only the services of this owner ("" for those created one by one)`)
 	return cmd
+}
+
+// plan reads the services file and asks lbd what applying each of its documents
+// would change (validate_only), stopping at the first refused one.
+func (a *app) plan(ctx context.Context, file string) ([]ownerServices, lbdv1.LoadBalancerServiceClient, []ownerResult, error) {
+	docs, err := a.readFileFlag(file)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	lb, err := a.lb()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	var results []ownerResult
+	for _, d := range docs {
+		resp, err := lb.ApplyServices(ctx, &lbdv1.ApplyServicesRequest{Owner: d.Owner, Services: d.Services, ValidateOnly: true})
+		if err != nil {
+			return nil, nil, nil, ownerError(d.Owner, err)
+		}
+		results = append(results, ownerResult{d.Owner, resp})
+	}
+	return docs, lb, results, nil
 }
 
 // readFileFlag reads the services file that -f names.
