@@ -28,6 +28,7 @@ import (
 	"github.com/lbd-dev/lbd/internal/testnet"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 )
 
 // Version is the etcd release the tests run; testbin/build.sh builds it.
@@ -149,10 +150,29 @@ func (c *Cluster) Endpoints() []string {
 	return out
 }
 
+// dialOptions make the clients of the test dial from the first member's namespace
+// when the members run in namespaces: their addresses exist only there, and nothing
+// may be sent to them from the test's own namespace.
+func (c *Cluster) dialOptions() []grpc.DialOption {
+	ns := c.Members[0].ns
+	if ns == nil {
+		return nil
+	}
+	return []grpc.DialOption{grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+		var conn net.Conn
+		err := ns.DoErr(func() error {
+			var err error
+			conn, err = (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+			return err
+		})
+		return conn, err
+	})}
+}
+
 // Client returns a client of the whole cluster, closed when the test ends.
 func (c *Cluster) Client() *clientv3.Client {
 	c.tb.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(), DialOptions: c.dialOptions()})
 	if err != nil {
 		c.tb.Fatalf("etcd client: %v", err)
 	}
@@ -192,22 +212,22 @@ func (c *Cluster) healthy() error {
 		return errors.New("no member runs")
 	}
 	for _, ep := range eps {
-		if err := probe([]string{ep}, func(ctx context.Context, cli *clientv3.Client) error {
+		if err := c.probe([]string{ep}, func(ctx context.Context, cli *clientv3.Client) error {
 			_, err := cli.Status(ctx, ep)
 			return err
 		}); err != nil {
 			return fmt.Errorf("member %s: %w", ep, err)
 		}
 	}
-	return probe(eps, func(ctx context.Context, cli *clientv3.Client) error {
+	return c.probe(eps, func(ctx context.Context, cli *clientv3.Client) error {
 		_, err := cli.Put(ctx, "/etcdtest/health", time.Now().String())
 		return err
 	})
 }
 
-func probe(eps []string, fn func(context.Context, *clientv3.Client) error) error {
+func (c *Cluster) probe(eps []string, fn func(context.Context, *clientv3.Client) error) error {
 	// Its retries while members start are expected: no log of them.
-	cli, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: time.Second, Logger: zap.NewNop()})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: time.Second, Logger: zap.NewNop(), DialOptions: c.dialOptions()})
 	if err != nil {
 		return err
 	}
