@@ -48,6 +48,10 @@ func unavailable(format string, args ...any) *Error {
 	return &Error{Code: codes.Unavailable, Msg: fmt.Sprintf(format, args...)}
 }
 
+func aborted(format string, args ...any) *Error {
+	return &Error{Code: codes.Aborted, Msg: fmt.Sprintf(format, args...)}
+}
+
 func resourceExhausted(format string, args ...any) *Error {
 	return &Error{Code: codes.ResourceExhausted, Msg: fmt.Sprintf(format, args...)}
 }

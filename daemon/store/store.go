@@ -68,6 +68,9 @@ type Options struct {
 	StatusReason string
 	// AdvertiseReason explains why VIPs are not advertised while the node runs no BGP.
 	AdvertiseReason string
+	// Shared, when set, is the fleet's store that every change of services is written
+	// to first (shared.go); the state file is then this node's copy.
+	Shared Shared
 	// HoldIDs keeps the IDs of removed services and backends from being handed out
 	// again until Reconciled says the datapath applied their removal: conntrack entries
 	// and pending datapath operations refer to IDs, and a new owner must never meet

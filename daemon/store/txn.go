@@ -1,6 +1,7 @@
 package store
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"net/netip"
@@ -33,6 +34,9 @@ type txn struct {
 	svcIDs          idTxn
 	beIDs           idTxn
 	events          []Event
+	// shared marks a change that the shared store brought (ApplyShared): it is not
+	// written back, its IDs are the fleet's, and the fleet already checked its limits.
+	shared bool
 }
 
 func (s *Store) begin() *txn {
@@ -172,6 +176,10 @@ func humanBytes(n uint64) string {
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
+// touchesServices reports whether the transaction changes services (not only the
+// node's own peers or drain flag).
+func (t *txn) touchesServices() bool { return len(t.svcs) > 0 }
+
 // checkLimits enforces the limits that apply to the whole state after the transaction.
 func (t *txn) checkLimits() error {
 	if err := t.checkBackendTotal(); err != nil {
@@ -188,20 +196,39 @@ func (t *txn) abort() { t.s.writeMu.Unlock() }
 func (t *txn) commit() error {
 	s := t.s
 	defer s.writeMu.Unlock()
-	if err := t.checkLimits(); err != nil {
-		return err
+	if !t.shared {
+		if err := t.checkLimits(); err != nil {
+			return err
+		}
+	}
+	if s.opts.Shared != nil && !t.shared {
+		if puts, deletes := t.sharedChange(); len(puts)+len(deletes) > 0 {
+			if err := s.opts.Shared.Commit(context.Background(), puts, deletes); err != nil {
+				s.log.Warn("change refused by the fleet's store", "op", "fleet", "error", err)
+				return sharedError(err)
+			}
+		}
 	}
 	if s.disk != nil {
 		if err := s.disk.append(t.journalEntry(), s.snapshot); err != nil {
-			s.log.Error("state not saved; change rejected", "op", "persist", "path", s.opts.Path, "error", err)
-			return fmt.Errorf("save state: %w", err)
+			if s.opts.Shared == nil || !t.touchesServices() {
+				s.log.Error("state not saved; change rejected", "op", "persist", "path", s.opts.Path, "error", err)
+				return fmt.Errorf("save state: %w", err)
+			}
+			// The fleet holds the change already: it is the node's state whatever its
+			// copy says, and a start reads the fleet before trusting the copy.
+			s.log.Error("the local copy of the fleet's services not saved", "op", "persist", "path", s.opts.Path, "error", err)
 		}
 	}
 	s.mu.Lock()
 	t.publish()
 	s.seq++
-	t.svcIDs.commit(s.seq)
-	t.beIDs.commit(s.seq)
+	if t.shared {
+		s.rebuildIDs(s.seq)
+	} else {
+		t.svcIDs.commit(s.seq)
+		t.beIDs.commit(s.seq)
+	}
 	for i, ev := range t.events {
 		t.events[i].Seq = s.seq
 		if ev.Type == Node {
