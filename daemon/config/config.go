@@ -39,6 +39,9 @@ type Config struct {
 	Metrics Metrics `json:"metrics"`
 	// BGP configures the embedded BGP speaker; absent, this node advertises nothing.
 	BGP *advertise.Config `json:"bgp,omitempty"`
+	// Store says where the services live: this node's state file, or the etcd cluster
+	// of a fleet of LB nodes.
+	Store Store `json:"store"`
 }
 
 // Metrics chooses what /metrics exports. By default a node exports node-level series
@@ -286,6 +289,7 @@ func Default() Config {
 			VerifyInterval:     Duration(5 * time.Second),
 		},
 		MetricsListen: "127.0.0.1:9310",
+		Store:         Store{Type: StoreFile, Prefix: DefaultStorePrefix, Timeout: Duration(5 * time.Second)},
 	}
 }
 
@@ -377,6 +381,7 @@ func (c Config) Validate() error {
 			errs = append(errs, errors.New("bgp: only an LB node (role lb) advertises VIPs"))
 		}
 	}
+	errs = append(errs, c.Store.validate()...)
 	errs = append(errs, c.Datapath.validate(len(c.Roles) > 0, slices.Contains(c.Roles, RoleBackend))...)
 	return errors.Join(errs...)
 }

@@ -34,6 +34,9 @@ func TestExampleIsDefault(t *testing.T) {
 	if len(got.Metrics.BackendSeriesServices) == 0 {
 		got.Metrics.BackendSeriesServices = want.Metrics.BackendSeriesServices
 	}
+	if len(got.Store.Endpoints) == 0 {
+		got.Store.Endpoints = want.Store.Endpoints
+	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("%s loads as\n%+v\nbut Default() is\n%+v", example, got, want)
 	}
@@ -283,5 +286,29 @@ func TestByteSize(t *testing.T) {
 	}
 	if out, _ := config.ByteSize(8 << 30).MarshalJSON(); string(out) != `"8GiB"` {
 		t.Errorf("8 GiB written as %s", out)
+	}
+}
+
+// TestStoreValidation: a bad store section is refused with an error naming the field.
+func TestStoreValidation(t *testing.T) {
+	for _, tc := range []struct{ yaml, want string }{
+		{"store: {type: zookeeper}", "store.type"},
+		{"store: {type: etcd}", "store.endpoints"},
+		{"store: {type: etcd, endpoints: [198.18.10.1:2379]}", "store.endpoints[0]"},
+		{"store: {type: etcd, endpoints: [\"https://198.18.10.1:2379\"]}", "store.endpoints[0]"},
+		{"store: {type: etcd, endpoints: [\"http://198.18.10.1:2379\"], prefix: lbd}", "store.prefix"},
+		{"store: {type: etcd, endpoints: [\"https://198.18.10.1:2379\"], tls: {ca_file: /ca.pem}}", "store.tls"},
+		{"store: {type: etcd, endpoints: [\"http://198.18.10.1:2379\"], node_name: a/b}", "store.node_name"},
+		{"store: {type: file, endpoints: [\"http://198.18.10.1:2379\"]}", "store.endpoints"},
+	} {
+		_, err := config.Load(writeConfig(t, tc.yaml+"\n"))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error naming %s", tc.yaml, err, tc.want)
+		}
+	}
+	c, err := config.Load(writeConfig(t, "store: {type: etcd, endpoints: [\"https://198.18.10.1:2379\"], prefix: /lbd/edge-1/,"+
+		" tls: {ca_file: /etc/lbd/pki/ca.pem, cert_file: /etc/lbd/pki/lb1.pem, key_file: /etc/lbd/pki/lb1.key}}\n"))
+	if err != nil || c.Store.Type != config.StoreEtcd || c.Store.Prefix != "/lbd/edge-1/" {
+		t.Fatalf("a valid etcd store: %+v, %v", c.Store, err)
 	}
 }
