@@ -1,9 +1,11 @@
 package lbctl
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strconv"
@@ -14,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 )
 
 // globalOptions are the flags every command takes.
@@ -25,6 +28,9 @@ type globalOptions struct {
 	tlsCA         string
 	tlsServerName string
 	output        string
+	// stderr receives the warning that a node answers from a stale copy (warnStale).
+	stderr io.Writer
+	warned bool
 }
 
 func (o *globalOptions) register(root *cobra.Command) {
@@ -103,6 +109,7 @@ func (o *globalOptions) dial() (*grpc.ClientConn, error) {
 	conn, err := grpc.NewClient(target,
 		grpc.WithTransportCredentials(creds),
 		grpc.WithUserAgent("lbctl/"+clientVersion()),
+		grpc.WithChainUnaryInterceptor(o.warnStale),
 		// A full listing of a large node (16k services × many backends) exceeds gRPC's
 		// default 4 MiB receive limit.
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxResponseBytes)))
@@ -110,6 +117,21 @@ func (o *globalOptions) dial() (*grpc.ClientConn, error) {
 		return nil, fmt.Errorf("connect to %s: %w", o.server, err)
 	}
 	return conn, nil
+}
+
+// staleHeader is the response header in which lbd states that its answer comes from a
+// copy of its fleet's services that may be behind (the etcd store is unreachable).
+const staleHeader = "lbd-stale"
+
+// warnStale tells the user, once per command, on stderr, that the answer may be stale.
+func (o *globalOptions) warnStale(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	var hdr metadata.MD
+	err := invoker(ctx, method, req, reply, cc, append(opts, grpc.Header(&hdr))...)
+	if v := hdr.Get(staleHeader); len(v) > 0 && !o.warned && o.stderr != nil {
+		o.warned = true
+		fmt.Fprintf(o.stderr, "lbctl: warning: stale: %s\n", v[0])
+	}
+	return err
 }
 
 func (o *globalOptions) tlsConfig() (*tls.Config, error) {

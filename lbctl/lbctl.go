@@ -158,6 +158,7 @@ counters, tracked connections and flow traces.`,
 	root.SetIn(a.stdin)
 	root.SetOut(&a.out)
 	root.SetErr(stderr)
+	a.opts.stderr = stderr
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{msg: err.Error()} })
 	a.opts.register(root)
 	root.AddCommand(

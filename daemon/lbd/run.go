@@ -58,7 +58,21 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 	// that would add table memory waits.
 	budgeted := dcfg.LB || dcfg.SocketLB
 	var memory atomic.Pointer[store.MemoryBudget]
+	fs, etcdCli, err := openFleet(cfg, log)
+	if err != nil {
+		return err
+	}
+	var shared store.Shared
+	var name string
+	if fs != nil {
+		defer etcdCli.Close()
+		shared = fs
+		if name, err = nodeName(cfg); err != nil {
+			return err
+		}
+	}
 	st, err := store.Open(store.Options{
+		Shared:       shared,
 		Path:         path,
 		Limits:       cfg.Limits,
 		Logger:       log.Named("store"),
@@ -201,9 +215,19 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 	workers.Go(func() { sec.run(ctx, hup) })
+	fleetErr := make(chan error, 1)
+	if fs != nil {
+		apiOpts.Fleet = fs
+		met.AddFleet(fs.Diverged)
+	}
 	srv, err := startAPI(cfg.API, api.New(apiOpts), sec, log)
 	if err != nil {
 		return err
+	}
+	if fs != nil {
+		// The node serves its copy of the fleet's services from the start; the fleet's
+		// own replace them as soon as etcd answers.
+		runFleet(ctx, &workers, fs, st, name, registration(st, dp, dcfg.LB || dcfg.SocketLB, ready, log), fleetErr, log)
 	}
 	defer srv.remove()
 	workers.Add(1)
@@ -238,6 +262,9 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 	case <-ctx.Done():
 	case err := <-srv.errc:
 		return fmt.Errorf("serve API: %w", err)
+	case err := <-fleetErr:
+		srv.stop(shutdownGrace)
+		return err
 	}
 	log.Info("shutting down", "op", "stop")
 	srv.stop(shutdownGrace)

@@ -40,7 +40,7 @@ type apiServers struct {
 // startAPI listens and serves the API, every call through sec's interceptors.
 func startAPI(c config.API, apiSrv *api.Server, sec *apiSecurity, log hclog.Logger) (*apiServers, error) {
 	s := &apiServers{api: apiSrv, health: health.NewServer(), errc: make(chan error, 2)}
-	opts := slices.Concat(sec.opts, []grpc.ServerOption{grpc.ChainStreamInterceptor(apiSrv.StreamInterceptor)})
+	opts := slices.Concat(sec.opts, []grpc.ServerOption{grpc.ChainStreamInterceptor(apiSrv.StreamInterceptor), grpc.ChainUnaryInterceptor(apiSrv.UnaryInterceptor)})
 	var tcpLn net.Listener
 	tcpOpts := opts
 	if c.TCP.Listen != "" {
