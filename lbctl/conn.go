@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 )
 
 // globalOptions are the flags every command takes.
@@ -31,6 +32,10 @@ type globalOptions struct {
 	// stderr receives the warning that a node answers from a stale copy (warnStale).
 	stderr io.Writer
 	warned bool
+	// answered is set once lbd itself answered a call (error or not): an UNAVAILABLE
+	// error is then lbd's own (its fleet's store, its datapath opening), not a failure
+	// to reach it.
+	answered bool
 }
 
 func (o *globalOptions) register(root *cobra.Command) {
@@ -123,10 +128,14 @@ func (o *globalOptions) dial() (*grpc.ClientConn, error) {
 // copy of its fleet's services that may be behind (the etcd store is unreachable).
 const staleHeader = "lbd-stale"
 
-// warnStale tells the user, once per command, on stderr, that the answer may be stale.
+// warnStale notes whether lbd answered, and tells the user, once per command, on stderr, that the answer may be stale.
 func (o *globalOptions) warnStale(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	var hdr metadata.MD
-	err := invoker(ctx, method, req, reply, cc, append(opts, grpc.Header(&hdr))...)
+	var p peer.Peer
+	err := invoker(ctx, method, req, reply, cc, append(opts, grpc.Header(&hdr), grpc.Peer(&p))...)
+	if p.Addr != nil {
+		o.answered = true
+	}
 	if v := hdr.Get(staleHeader); len(v) > 0 && !o.warned && o.stderr != nil {
 		o.warned = true
 		fmt.Fprintf(o.stderr, "lbctl: warning: stale: %s\n", v[0])

@@ -117,7 +117,11 @@ func (a *app) report(w io.Writer, cmd *cobra.Command, err error) int {
 	msg := st.Message()
 	switch st.Code() {
 	case codes.Unavailable:
-		msg = fmt.Sprintf("cannot reach lbd at %s: %s", a.opts.server, msg)
+		if a.opts.answered {
+			msg = fmt.Sprintf("lbd at %s: %s", a.opts.server, msg)
+		} else {
+			msg = fmt.Sprintf("cannot reach lbd at %s: %s", a.opts.server, msg)
+		}
 	case codes.DeadlineExceeded:
 		msg = fmt.Sprintf("%s (--timeout %v)", msg, a.opts.timeout)
 	}
