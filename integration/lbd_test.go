@@ -56,6 +56,9 @@ type daemon struct {
 func (tb *testbed) startLBD() {
 	t := tb.t
 	tb.lbdBin, tb.lbctlBin = binaries(t)
+	if tb.opts.etcd {
+		tb.startEtcd()
+	}
 	for _, n := range tb.nodes() {
 		role := "backend"
 		if strings.HasPrefix(n.name, "lb") {
@@ -76,6 +79,9 @@ func (tb *testbed) startLBD() {
 		d.conn, d.lb, d.nodeAPI = conn, lbdv1.NewLoadBalancerServiceClient(conn), lbdv1.NewNodeServiceClient(conn)
 		n.lbd = d
 		d.start(t)
+		if tb.opts.etcd && role == "lb" {
+			d.waitFleet(t)
+		}
 	}
 	for _, s := range tb.defaultServices() {
 		tb.createService(t, s)
@@ -101,6 +107,9 @@ datapath: {interfaces: [%s], bpffs_dir: %s, verify_interval: %s, lb_sources: [%s
 `, d.role, filepath.Join(d.dir, "state"), d.sock, d.node.ifc, d.bpffs, d.verifyInterval(), fabric4, fabric6, d.tb.opts.datapathYAML)
 	if d.bgp {
 		cfg += d.bgpConfig()
+	}
+	if d.tb.opts.etcd && d.role == "lb" {
+		cfg += d.storeConfig()
 	}
 	if err := os.WriteFile(d.configFile(), []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
@@ -266,7 +275,12 @@ func (tb *testbed) createService(t *testing.T, s svcSpec) {
 	for _, b := range s.backends {
 		args = append(args, "--backend", b)
 	}
-	tb.lbctlLBs(t, args...)
+	if tb.opts.etcd {
+		// One node's API changes the fleet.
+		tb.lbs[0].lbd.lbctl(t, args...)
+	} else {
+		tb.lbctlLBs(t, args...)
+	}
 	tb.waitService(t, s.name, func(svc *lbdv1.Service) error {
 		if st := svc.GetStatus().GetState(); st != lbdv1.ServiceState_SERVICE_STATE_READY {
 			return fmt.Errorf("state %v: %s", st, svc.GetStatus().GetReason())

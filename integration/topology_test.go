@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lbd-dev/lbd/internal/etcdtest"
 	"github.com/lbd-dev/lbd/internal/testnet"
 	"golang.org/x/sys/unix"
 )
@@ -73,6 +74,9 @@ type options struct {
 	datapathYAML string
 	// keepalive makes the backend servers probe idle echo connections this often.
 	keepalive time.Duration
+	// etcd puts the LB daemons on the etcd store (fleet_test.go): a member in each LB
+	// node's namespace; services are created through the first LB node only.
+	etcd bool
 }
 
 // node is an LB or backend node: a namespace with one uplink into the fabric bridge.
@@ -116,6 +120,7 @@ type testbed struct {
 	lbctlBin    string
 	router      *bird
 	clientPorts atomic.Uint32
+	etcd        *etcdtest.Cluster // options.etcd
 }
 
 // newTestbed builds the network, starts the router and the backend servers. LB and
