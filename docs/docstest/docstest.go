@@ -153,6 +153,9 @@ var NoTestReasons = map[string]string{
 	"cluster": "needs a Kubernetes cluster with nodes",
 	// The testbed's router is BIRD; FRR's configuration is parsed by vtysh --dryrun.
 	"frr": "needs a running FRR router",
+	// The docs testbed runs its LB nodes on the file store; integration.TestFleetEtcd
+	// runs these commands against a fleet on a real etcd cluster.
+	"etcd": "needs LB nodes on the etcd store of a running etcd cluster",
 }
 
 // targetRE matches the places a testbed block can run (see TestbedTargets).
