@@ -159,10 +159,22 @@ func TestFollow(t *testing.T) {
 		t.Fatal(err)
 	}
 	pre.Close()
+	// A file-store node that joins a fleet takes its services and drops its own.
+	preB, err := store.Open(store.Options{Path: filepath.Join(dir, "b.pb"), Limits: store.DefaultLimits()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := preB.CreateService(webService("mine", "203.0.113.9", "198.18.1.9")); err != nil {
+		t.Fatal(err)
+	}
+	preB.Close()
 
 	a := startNode(t, c.Endpoints(), 7, filepath.Join(dir, "a.pb")).synced(t)
-	b := startNode(t, c.Endpoints(), 7, "").synced(t)
+	b := startNode(t, c.Endpoints(), 7, filepath.Join(dir, "b.pb")).synced(t)
 	waitFor(t, "b has a's file-store service", func() error { return has(b.st, old) })
+	if _, err := b.st.GetService("mine"); store.Code(err) != codes.NotFound {
+		t.Errorf("b kept its own service after joining the fleet: %v", err)
+	}
 
 	web, err := a.st.CreateService(webService("web", "203.0.113.2", "198.18.1.1", "198.18.1.2"))
 	if err != nil {
