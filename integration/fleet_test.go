@@ -286,6 +286,8 @@ func TestFleetPartition(t *testing.T) {
 	lb1, lb3 := tb.lbs[0].lbd, tb.lbs[2].lbd
 
 	tb.etcd.Members[2].Kill()
+	// Had it led, the others elect a new leader first.
+	tb.etcd.WaitHealthy(30 * time.Second)
 	lb1.lbctl(t, "backend", "set-weight", "web", netip.AddrPortFrom(tb.backends[0].addr4, httpPort).String(), "3")
 	tb.waitService(t, "web", func(svc *lbdv1.Service) error {
 		if w := svc.GetBackends()[0].GetWeight(); w != 3 {

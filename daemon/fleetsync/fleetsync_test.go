@@ -264,6 +264,8 @@ func TestPartition(t *testing.T) {
 	waitFor(t, "b has web", func() error { return has(b.st, web) })
 
 	c.Members[2].Stop()
+	// Had it led, the others elect a new leader before a's writes go through.
+	c.WaitHealthy(30 * time.Second)
 	waitFor(t, "b says stale", func() error {
 		if b.st.Stale() == "" {
 			return errors.New("b does not say stale with its member stopped")
