@@ -361,6 +361,7 @@ func TestFleetPartition(t *testing.T) {
 	}
 
 	tb.etcd.StartStopped(60 * time.Second)
+	back := time.Now()
 	for _, lb := range tb.lbs {
 		eventually(t, 30*time.Second, func() error {
 			if r := lb.lbd.staleHeader(t); r != "" {
@@ -369,6 +370,7 @@ func TestFleetPartition(t *testing.T) {
 			return nil
 		})
 	}
+	t.Logf("every LB node in step again %v after the cluster was healthy", time.Since(back).Round(time.Millisecond))
 	eventually(t, 30*time.Second, func() error {
 		_, err := lb3.lb.CreateService(context.Background(), &lbdv1.CreateServiceRequest{Service: &lbdv1.Service{
 			Name: "after", Vip: "203.0.113.22", Port: 80, Protocol: lbdv1.Protocol_PROTOCOL_TCP,

@@ -27,6 +27,8 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -95,6 +97,12 @@ func Open(opts Options) (*Client, error) {
 		// The client's own zap logs would bypass lbd's logger; its errors reach lbd as
 		// errors.
 		Logger: zap.NewNop(),
+		// gRPC's reconnection backoff grows to two minutes: after an outage of the
+		// whole cluster a node would stay cut off that long once etcd is back.
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 250 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
+			MinConnectTimeout: 2 * time.Second,
+		})},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("etcd client: %w", err)
