@@ -75,6 +75,8 @@ var methods = map[string]Access{
 	lbdv1.NodeService_UndrainNode_FullMethodName:                           Operate,
 	lbdv1.NodeService_DetachNode_FullMethodName:                            Admin,
 	lbdv1.NodeService_VerifyNode_FullMethodName:                            Operate,
+	lbdv1.FleetService_ListServiceDigests_FullMethodName:                   Read,
+	lbdv1.FleetService_GetFleet_FullMethodName:                             Read,
 	healthpb.Health_Check_FullMethodName:                                   Read,
 	healthpb.Health_List_FullMethodName:                                    Read,
 	healthpb.Health_Watch_FullMethodName:                                   Read,

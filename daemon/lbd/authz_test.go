@@ -63,6 +63,8 @@ var allowedRoles = func() map[string][]string {
 	m["/lbd.v1.NodeService/UndrainNode"] = operate
 	m["/lbd.v1.NodeService/VerifyNode"] = operate
 	m["/lbd.v1.NodeService/DetachNode"] = admin
+	m["/lbd.v1.FleetService/ListServiceDigests"] = read
+	m["/lbd.v1.FleetService/GetFleet"] = read
 	for _, rpc := range []string{"Check", "Watch", "List"} {
 		m["/grpc.health.v1.Health/"+rpc] = read
 	}
