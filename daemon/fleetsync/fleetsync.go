@@ -28,6 +28,10 @@ import (
 // about this long (plus the client's timeout) that it lost etcd, or that it is back.
 const probeInterval = time.Second
 
+// heldWait bounds how long a change of the watch waits for this node's datapath to
+// release IDs the change reuses.
+const heldWait = 10 * time.Second
+
 // ErrSeedMismatch: this node's hash seed is not the fleet's; its tables would differ.
 var ErrSeedMismatch = errors.New("datapath.hash_seed differs from the fleet's")
 
@@ -255,6 +259,15 @@ func (s *Sync) follow(ctx context.Context) error {
 // applyChange applies one change of the watch; changes this node wrote itself are
 // already in its store.
 func (s *Sync) applyChange(ch etcdstore.Change) error {
+	// An ID the writer reused may still be held here, until this node's datapath
+	// applied its release (store.SharedIDsHeld): the change waits for that, which
+	// takes a reconciliation, but not forever.
+	for deadline := time.Now().Add(heldWait); s.st.SharedIDsHeld(ch.Puts); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			s.log.Warn("the change reuses IDs this node's datapath has not released yet; applying it anyway", "op", "fleet", "revision", ch.Revision, "waited", heldWait)
+			break
+		}
+	}
 	var skipped bool
 	err := s.st.ApplyShared(false, ch.Puts, ch.Deletes, func() bool {
 		if ch.Revision <= s.headRev {

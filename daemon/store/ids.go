@@ -41,6 +41,16 @@ func newIDAlloc(used []uint32, hold bool) idAlloc {
 	return a
 }
 
+// isHeld reports whether id waits for the datapath (Options.HoldIDs).
+func (a *idAlloc) isHeld(id uint32) bool {
+	for _, h := range a.held {
+		if h.id == id {
+			return true
+		}
+	}
+	return false
+}
+
 // release frees the held IDs released by changes up to seq.
 func (a *idAlloc) release(seq uint64) {
 	var freed []uint32

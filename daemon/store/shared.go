@@ -128,6 +128,38 @@ func (s *Store) ApplyShared(full bool, puts []*lbdv1.Service, deletes []string, 
 	return t.commit()
 }
 
+// SharedIDsHeld reports whether a service of a shared change uses an ID that this node
+// still holds: its datapath has not yet applied the change that released it (on
+// another node, the writer, it already has). Applying the change before would let the
+// datapath meet the ID's new owner while the old one's entries are still there, so
+// the caller waits (fleetsync).
+func (s *Store) SharedIDsHeld(svcs []*lbdv1.Service) bool {
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	for _, svc := range svcs {
+		if old := s.services[svc.Name]; old != nil && old.Id == svc.Id {
+			continue // its own ID, not a reuse
+		}
+		if s.svcIDs.isHeld(svc.Id) {
+			return true
+		}
+	}
+	for _, svc := range svcs {
+		own := map[uint32]bool{}
+		if old := s.services[svc.Name]; old != nil {
+			for _, b := range old.Backends {
+				own[b.Id] = true
+			}
+		}
+		for _, b := range svc.Backends {
+			if !own[b.Id] && s.beIDs.isHeld(b.Id) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // putShared stores a service as the shared store holds it, IDs included.
 func (t *txn) putShared(svc, old *lbdv1.Service) {
 	typ := Added
@@ -191,12 +223,22 @@ func (s *Store) rebuildIDs(seq uint64) {
 			beIDs = append(beIDs, b.Id)
 		}
 	}
-	s.svcIDs = rebuiltAlloc(svcIDs, s.opts.HoldIDs, seq)
-	s.beIDs = rebuiltAlloc(beIDs, s.opts.HoldIDs, seq)
+	s.svcIDs = rebuiltAlloc(svcIDs, s.svcIDs.next, s.opts.HoldIDs, seq)
+	s.beIDs = rebuiltAlloc(beIDs, s.beIDs.next, s.opts.HoldIDs, seq)
 }
 
-func rebuiltAlloc(used []uint32, hold bool, seq uint64) idAlloc {
+// rebuiltAlloc is an allocator for the IDs in use; every other ID below the larger of
+// their end and prevNext (the IDs handed out so far, which the change may have
+// released) is free, or with hold held until the change with Seq seq is reconciled.
+func rebuiltAlloc(used []uint32, prevNext uint32, hold bool, seq uint64) idAlloc {
 	a := newIDAlloc(used, hold)
+	for ; a.next < prevNext; a.next++ {
+		if hold {
+			a.held = append(a.held, heldID{id: a.next})
+		} else {
+			a.free = append(a.free, a.next)
+		}
+	}
 	for i := range a.held {
 		a.held[i].seq = seq
 	}
