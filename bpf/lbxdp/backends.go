@@ -4,7 +4,9 @@ package lbxdp
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
 
 	"github.com/cilium/ebpf"
 )
@@ -29,23 +31,51 @@ func (d *Datapath) checkBackendID(id uint32) error {
 	return nil
 }
 
-// UpsertBackend creates or replaces a backend. ID 0 is reserved for "none".
-func (d *Datapath) UpsertBackend(id uint32, b Backend) error {
+func (d *Datapath) backendRaw(id uint32, b Backend) (lbxdpLbBackend, error) {
 	if err := d.checkBackendID(id); err != nil {
-		return fmt.Errorf("upsert backend: %w", err)
+		return lbxdpLbBackend{}, err
 	}
 	addr, fam, err := addrBytes(b.Addr)
 	if err != nil {
-		return fmt.Errorf("upsert backend: %w", err)
+		return lbxdpLbBackend{}, err
 	}
 	node, nfam, err := addrBytes(b.Node)
 	if err != nil {
-		return fmt.Errorf("upsert backend: node: %w", err)
+		return lbxdpLbBackend{}, fmt.Errorf("node: %w", err)
 	}
-	v := lbxdpLbBackend{Addr: addr, NodeAddr: node, Port: htons(b.Port), Family: fam, NodeFamily: nfam}
-	if err := d.objs.LbBackends.Update(id, &v, ebpf.UpdateAny); err != nil {
+	return lbxdpLbBackend{Addr: addr, NodeAddr: node, Port: htons(b.Port), Family: fam, NodeFamily: nfam}, nil
+}
+
+// UpsertBackend creates or replaces a backend. ID 0 is reserved for "none".
+func (d *Datapath) UpsertBackend(id uint32, b Backend) error {
+	v, err := d.backendRaw(id, b)
+	if err != nil {
 		return fmt.Errorf("upsert backend: %w", err)
 	}
+	if err := d.update(d.objs.LbBackends, id, &v, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("upsert backend: %w", err)
+	}
+	return nil
+}
+
+// UpsertBackends creates or replaces several backends with one batch update.
+func (d *Datapath) UpsertBackends(bs map[uint32]Backend) error {
+	if len(bs) == 0 {
+		return nil
+	}
+	ids := slices.Sorted(maps.Keys(bs))
+	vals := make([]lbxdpLbBackend, len(ids))
+	for i, id := range ids {
+		v, err := d.backendRaw(id, bs[id])
+		if err != nil {
+			return fmt.Errorf("upsert backends: %w", err)
+		}
+		vals[i] = v
+	}
+	if _, err := d.objs.LbBackends.BatchUpdate(ids, vals, nil); err != nil {
+		return fmt.Errorf("upsert %d backends: %w", len(ids), err)
+	}
+	d.writes.Add(uint64(len(ids)))
 	return nil
 }
 
@@ -56,7 +86,7 @@ func (d *Datapath) DeleteBackend(id uint32) error {
 	if err := d.checkBackendID(id); err != nil {
 		return fmt.Errorf("delete backend: %w", err)
 	}
-	if err := d.objs.LbBackends.Update(id, &lbxdpLbBackend{}, ebpf.UpdateAny); err != nil {
+	if err := d.update(d.objs.LbBackends, id, &lbxdpLbBackend{}, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("delete backend: %w", err)
 	}
 	return nil

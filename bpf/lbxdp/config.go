@@ -107,7 +107,7 @@ func (d *Datapath) SetConfig(c Config) error {
 	}
 	// Cached routes may depend on the source addresses: resolve them again.
 	v.RouteGen = old.RouteGen + 1
-	if err := d.objs.LbCfg.Update(uint32(0), &v, ebpf.UpdateAny); err != nil {
+	if err := d.update(d.objs.LbCfg, uint32(0), &v, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("set config: %w", err)
 	}
 	return nil
@@ -123,7 +123,7 @@ func (d *Datapath) FlushRouteCache() error {
 		return fmt.Errorf("flush route cache: %w", err)
 	}
 	v.RouteGen++
-	if err := d.objs.LbCfg.Update(uint32(0), &v, ebpf.UpdateAny); err != nil {
+	if err := d.update(d.objs.LbCfg, uint32(0), &v, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("flush route cache: %w", err)
 	}
 	return nil

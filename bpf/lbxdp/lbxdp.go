@@ -151,6 +151,36 @@ type Datapath struct {
 	// ctReclaimed counts live conntrack entries the collector reclaimed
 	// (SweepConntrack); read by ConntrackEvents from any goroutine.
 	ctReclaimed atomic.Uint64
+	// writes counts the entries written to the maps filled from the desired state
+	// (Writes).
+	writes atomic.Uint64
+	// tableHeader is what the kernel charges for a table map besides its elements.
+	tableHeader uint64
+}
+
+// Writes is the number of map entries this Datapath has written (updated or deleted)
+// in the maps it fills from the desired state: services, VIPs and their indexes,
+// backends, Maglev tables (each element, and each swap of a table map), source ranges
+// and the configuration. Learned state (conntrack, affinity) and counters are not
+// counted. Safe for concurrent use.
+func (d *Datapath) Writes() uint64 { return d.writes.Load() }
+
+// update writes one entry of a map filled from the desired state, and counts it.
+func (d *Datapath) update(m *ebpf.Map, key, value any, flags ebpf.MapUpdateFlags) error {
+	if err := m.Update(key, value, flags); err != nil {
+		return err
+	}
+	d.writes.Add(1)
+	return nil
+}
+
+// delete removes one entry of a map filled from the desired state, and counts it.
+func (d *Datapath) delete(m *ebpf.Map, key any) error {
+	if err := m.Delete(key); err != nil {
+		return err
+	}
+	d.writes.Add(1)
+	return nil
 }
 
 // Load loads the program and creates (or, with PinPath, adopts) its maps. A
@@ -169,6 +199,10 @@ func Load(opts Options) (*Datapath, error) {
 		return nil, fmt.Errorf("load lbxdp objects: %w", err)
 	}
 	if err := d.rebuildIndexes(); err != nil {
+		d.Close()
+		return nil, err
+	}
+	if err := d.measureTableHeader(); err != nil {
 		d.Close()
 		return nil, err
 	}

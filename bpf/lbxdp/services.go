@@ -124,7 +124,7 @@ func (d *Datapath) UpsertService(k ServiceKey, s Service) error {
 			return fmt.Errorf("upsert service: %w", err)
 		}
 	}
-	if err := d.objs.LbServices.Update(&rk, &rv, ebpf.UpdateAny); err != nil {
+	if err := d.update(d.objs.LbServices, &rk, &rv, ebpf.UpdateAny); err != nil {
 		if !exists {
 			_ = d.adjustVIP(rk, -1)
 		}
@@ -157,7 +157,7 @@ func (d *Datapath) DeleteService(k ServiceKey) error {
 	if err := d.unindexService(old.Id, rk); err != nil {
 		return fmt.Errorf("delete service: %w", err)
 	}
-	if err := d.objs.LbServices.Delete(&rk); err != nil {
+	if err := d.delete(d.objs.LbServices, &rk); err != nil {
 		return fmt.Errorf("delete service: %w", err)
 	}
 	if err := d.adjustVIP(rk, -1); err != nil {
@@ -183,7 +183,7 @@ func (d *Datapath) adjustVIP(k lbxdpLbServiceKey, delta int) error {
 		v.addWild(k.Proto, delta)
 	}
 	if v.Services == 0 {
-		if err := d.objs.LbVips.Delete(&vk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		if err := d.delete(d.objs.LbVips, &vk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("delete vip: %w", err)
 		}
 		// The filter bit goes after the address, never before.
@@ -197,7 +197,7 @@ func (d *Datapath) adjustVIP(k lbxdpLbServiceKey, delta int) error {
 			return err
 		}
 	}
-	if err := d.objs.LbVips.Update(&vk, &v, ebpf.UpdateAny); err != nil {
+	if err := d.update(d.objs.LbVips, &vk, &v, ebpf.UpdateAny); err != nil {
 		if !existed {
 			_ = d.filterVIP(vk, -1)
 		}
@@ -240,58 +240,6 @@ func (d *Datapath) Services() (map[ServiceKey]Service, error) {
 	return out, nil
 }
 
-// SetMaglevTable gives a service a new Maglev table of backend IDs (its length
-// is the table size M). The table is built aside and swapped in with one map
-// update: a packet sees either the old table or the new one, never a mix.
-func (d *Datapath) SetMaglevTable(serviceID uint32, table []uint32) error {
-	return d.SetMaglevTables(map[uint32][]uint32{serviceID: table})
-}
-
-// MaglevTable returns the table the datapath uses for a service, nil if none.
-func (d *Datapath) MaglevTable(serviceID uint32) ([]uint32, error) {
-	var id ebpf.MapID
-	if err := d.objs.LbMaglev.Lookup(serviceID, &id); err != nil {
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("read maglev table: %w", err)
-	}
-	inner, err := ebpf.NewMapFromID(id)
-	if err != nil {
-		return nil, fmt.Errorf("read maglev table: open table: %w", err)
-	}
-	defer inner.Close()
-	n := inner.MaxEntries()
-	keys := make([]uint32, n)
-	vals := make([]uint32, n)
-	var cursor ebpf.MapBatchCursor
-	got := 0
-	for got < int(n) {
-		c, err := inner.BatchLookup(&cursor, keys[got:], vals[got:], nil)
-		got += c
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			break
-		}
-		if err != nil {
-			return nil, fmt.Errorf("read maglev table: %w", err)
-		}
-	}
-	m := vals[0] &^ tableHalfBit
-	if got != int(n) || n != 2*m+1 {
-		return nil, fmt.Errorf("read maglev table: read %d of %d slots, size slot %#x", got, n, vals[0])
-	}
-	base := 1 + (vals[0]>>31)*m
-	return vals[base : base+m], nil
-}
-
-// DeleteMaglevTable removes a service's table: new flows then get no backend.
-func (d *Datapath) DeleteMaglevTable(serviceID uint32) error {
-	if err := d.objs.LbMaglev.Delete(serviceID); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return fmt.Errorf("delete maglev table: %w", err)
-	}
-	return nil
-}
-
 func srcKey(serviceID uint32, p netip.Prefix) (lbxdpLbSrcKey, error) {
 	if !p.IsValid() {
 		return lbxdpLbSrcKey{}, fmt.Errorf("prefix %v: %w", p, ErrFamily)
@@ -311,7 +259,7 @@ func (d *Datapath) AddSourceRange(serviceID uint32, p netip.Prefix) error {
 	if err != nil {
 		return fmt.Errorf("add source range: %w", err)
 	}
-	if err := d.objs.LbSrcRanges.Update(&k, uint8(1), ebpf.UpdateAny); err != nil {
+	if err := d.update(d.objs.LbSrcRanges, &k, uint8(1), ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("add source range: %w", err)
 	}
 	return nil
@@ -323,7 +271,7 @@ func (d *Datapath) DeleteSourceRange(serviceID uint32, p netip.Prefix) error {
 	if err != nil {
 		return fmt.Errorf("delete source range: %w", err)
 	}
-	if err := d.objs.LbSrcRanges.Delete(&k); err != nil {
+	if err := d.delete(d.objs.LbSrcRanges, &k); err != nil {
 		return fmt.Errorf("delete source range: %w", err)
 	}
 	return nil

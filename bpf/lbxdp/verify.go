@@ -47,7 +47,7 @@ func (d *Datapath) VerifyIndexes() ([]string, error) {
 	for k, w := range want {
 		if h, ok := have[k]; !ok || h != w {
 			diffs = append(diffs, fmt.Sprintf("vip %s: %+v, want %+v", bytesAddr(k.Addr, k.Family), h, w))
-			if err := d.objs.LbVips.Update(&k, &w, ebpf.UpdateAny); err != nil {
+			if err := d.update(d.objs.LbVips, &k, &w, ebpf.UpdateAny); err != nil {
 				return diffs, fmt.Errorf("repair vip: %w", err)
 			}
 		}
@@ -55,21 +55,22 @@ func (d *Datapath) VerifyIndexes() ([]string, error) {
 	for k := range have {
 		if _, ok := want[k]; !ok {
 			diffs = append(diffs, fmt.Sprintf("vip %s: present without a service", bytesAddr(k.Addr, k.Family)))
-			if err := d.objs.LbVips.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			if err := d.delete(d.objs.LbVips, &k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 				return diffs, fmt.Errorf("repair vip: %w", err)
 			}
 		}
 	}
 
-	var e lbxdpLbSvcEntry
-	for id := uint32(0); id < d.objs.LbSvcById.MaxEntries(); id++ {
-		if err := d.objs.LbSvcById.Lookup(id, &e); err != nil {
-			return diffs, fmt.Errorf("verify indexes: read service index %d: %w", id, err)
-		}
+	index, err := readArray[lbxdpLbSvcEntry](d.objs.LbSvcById)
+	if err != nil {
+		return diffs, fmt.Errorf("verify indexes: read service index: %w", err)
+	}
+	for i, e := range index {
+		id := uint32(i)
 		w := byID[id]
 		if e != w {
 			diffs = append(diffs, fmt.Sprintf("service index %d does not match lb_services", id))
-			if err := d.objs.LbSvcById.Update(id, &w, ebpf.UpdateAny); err != nil {
+			if err := d.update(d.objs.LbSvcById, id, &w, ebpf.UpdateAny); err != nil {
 				return diffs, fmt.Errorf("repair service index: %w", err)
 			}
 		}
@@ -92,67 +93,16 @@ func (d *Datapath) VerifyIndexes() ([]string, error) {
 	return diffs, nil
 }
 
-// MaglevTableMatches reports whether a service's table map holds exactly table, in
-// its size slot and in both halves (UpdateMaglevTable relies on the inactive half
-// being a copy of the active one). A nil table matches a service without a table.
-func (d *Datapath) MaglevTableMatches(serviceID uint32, table []uint32) (bool, error) {
-	inner, err := d.tableMap(serviceID)
-	if err != nil || inner == nil {
-		return inner == nil && len(table) == 0, err
-	}
-	defer inner.Close()
-	m := uint32(len(table))
-	n := inner.MaxEntries()
-	if m == 0 || n != 2*m+1 {
-		return false, nil
-	}
-	vals := make([]uint32, n)
-	keys := make([]uint32, n)
-	var cursor ebpf.MapBatchCursor
-	got := 0
-	for got < int(n) {
-		c, err := inner.BatchLookup(&cursor, keys[got:], vals[got:], nil)
-		got += c
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			break
-		}
-		if err != nil {
-			return false, fmt.Errorf("read maglev table: %w", err)
-		}
-	}
-	if got != int(n) || vals[0]&^tableHalfBit != m {
-		return false, nil
-	}
-	for i, id := range table {
-		if vals[1+i] != id || vals[1+int(m)+i] != id {
-			return false, nil
-		}
-	}
-	return true, nil
-}
-
 // Backends returns every backend in use, by ID, read in batches.
 func (d *Datapath) Backends() (map[uint32]Backend, error) {
-	n := d.objs.LbBackends.MaxEntries()
-	keys := make([]uint32, n)
-	vals := make([]lbxdpLbBackend, n)
-	var cursor ebpf.MapBatchCursor
-	got := 0
-	for got < int(n) {
-		c, err := d.objs.LbBackends.BatchLookup(&cursor, keys[got:], vals[got:], nil)
-		got += c
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			break
-		}
-		if err != nil {
-			return nil, fmt.Errorf("read backends: %w", err)
-		}
+	vals, err := readArray[lbxdpLbBackend](d.objs.LbBackends)
+	if err != nil {
+		return nil, fmt.Errorf("read backends: %w", err)
 	}
 	out := map[uint32]Backend{}
-	for i := 0; i < got; i++ {
-		v := vals[i]
+	for id, v := range vals {
 		if v.Family != 0 {
-			out[keys[i]] = Backend{Addr: bytesAddr(v.Addr, v.Family), Port: htons(v.Port), Node: bytesAddr(v.NodeAddr, v.NodeFamily)}
+			out[uint32(id)] = Backend{Addr: bytesAddr(v.Addr, v.Family), Port: htons(v.Port), Node: bytesAddr(v.NodeAddr, v.NodeFamily)}
 		}
 	}
 	return out, nil

@@ -4,6 +4,7 @@ package lbxdp
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 
 	"github.com/cilium/ebpf"
@@ -63,7 +64,7 @@ func (f *vipFilter) add(b uint32, delta int) (changed bool) {
 }
 
 func (d *Datapath) writeFilter() error {
-	if err := d.objs.LbVipFilter.Update(uint32(0), &d.filter.bits, ebpf.UpdateAny); err != nil {
+	if err := d.update(d.objs.LbVipFilter, uint32(0), &d.filter.bits, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("write vip filter: %w", err)
 	}
 	return nil
@@ -80,7 +81,7 @@ func (d *Datapath) filterVIP(k lbxdpLbVipKey, delta int) error {
 // indexService records in lb_svc_by_id that service v has key k.
 func (d *Datapath) indexService(k lbxdpLbServiceKey, v lbxdpLbService) error {
 	e := lbxdpLbSvcEntry{Key: k, Svc: v}
-	if err := d.objs.LbSvcById.Update(v.Id, &e, ebpf.UpdateAny); err != nil {
+	if err := d.update(d.objs.LbSvcById, v.Id, &e, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("index service %d: %w", v.Id, err)
 	}
 	return nil
@@ -97,14 +98,14 @@ func (d *Datapath) unindexService(id uint32, k lbxdpLbServiceKey) error {
 	if e.Key != k {
 		return nil
 	}
-	if err := d.objs.LbSvcById.Update(id, &lbxdpLbSvcEntry{}, ebpf.UpdateAny); err != nil {
+	if err := d.update(d.objs.LbSvcById, id, &lbxdpLbSvcEntry{}, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("clear service index %d: %w", id, err)
 	}
 	return nil
 }
 
 // rebuildIndexes derives lb_vip_filter and lb_svc_by_id from lb_vips and
-// lb_services.
+// lb_services, writing only what differs from what they hold.
 func (d *Datapath) rebuildIndexes() error {
 	d.filter = vipFilter{}
 	var vk lbxdpLbVipKey
@@ -116,29 +117,70 @@ func (d *Datapath) rebuildIndexes() error {
 	if err := it.Err(); err != nil {
 		return fmt.Errorf("rebuild vip filter: %w", err)
 	}
-	if err := d.writeFilter(); err != nil {
-		return err
+	var bits lbxdpLbVipBitmap
+	if err := d.objs.LbVipFilter.Lookup(uint32(0), &bits); err != nil {
+		return fmt.Errorf("rebuild vip filter: %w", err)
+	}
+	if bits != d.filter.bits {
+		if err := d.writeFilter(); err != nil {
+			return err
+		}
 	}
 
 	n := d.objs.LbSvcById.MaxEntries()
-	ids := make([]uint32, n)
-	entries := make([]lbxdpLbSvcEntry, n)
-	for i := range ids {
-		ids[i] = uint32(i)
-	}
+	want := make([]lbxdpLbSvcEntry, n)
 	var sk lbxdpLbServiceKey
 	var sv lbxdpLbService
 	sit := d.objs.LbServices.Iterate()
 	for sit.Next(&sk, &sv) {
 		if sv.Id < n {
-			entries[sv.Id] = lbxdpLbSvcEntry{Key: sk, Svc: sv}
+			want[sv.Id] = lbxdpLbSvcEntry{Key: sk, Svc: sv}
 		}
 	}
 	if err := sit.Err(); err != nil {
 		return fmt.Errorf("rebuild service index: %w", err)
 	}
+	have, err := readArray[lbxdpLbSvcEntry](d.objs.LbSvcById)
+	if err != nil {
+		return fmt.Errorf("rebuild service index: %w", err)
+	}
+	var ids []uint32
+	var entries []lbxdpLbSvcEntry
+	for id := range want {
+		if have[id] != want[id] {
+			ids = append(ids, uint32(id))
+			entries = append(entries, want[id])
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
 	if _, err := d.objs.LbSvcById.BatchUpdate(ids, entries, nil); err != nil {
 		return fmt.Errorf("rebuild service index: %w", err)
 	}
+	d.writes.Add(uint64(len(ids)))
 	return nil
+}
+
+// readArray reads every value of an array map in batches, by index.
+func readArray[V any](m *ebpf.Map) ([]V, error) {
+	n := m.MaxEntries()
+	keys := make([]uint32, n)
+	vals := make([]V, n)
+	var cursor ebpf.MapBatchCursor
+	got := 0
+	for got < int(n) {
+		c, err := m.BatchLookup(&cursor, keys[got:], vals[got:], nil)
+		got += c
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	if got != int(n) {
+		return nil, fmt.Errorf("read %d of %d entries", got, n)
+	}
+	return vals, nil
 }

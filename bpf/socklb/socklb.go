@@ -278,11 +278,11 @@ func (d *Datapath) Translations() ([]Translation, error) {
 	return out, nil
 }
 
-// PurgeAffinity deletes the affinity entries of service serviceID whose backend keep
-// rejects (a backend that left the service's table: drained, down, disabled,
-// removed), so that no new connection follows affinity to it. It returns how many
-// entries it deleted.
-func (d *Datapath) PurgeAffinity(serviceID uint32, keep func(backendID uint32) bool) (int, error) {
+// PurgeAffinity deletes the affinity entries for which drop says so, given their
+// service and backend IDs, in one pass over the map: what a table change or a removed
+// service leaves behind (the datapath's reconciler calls it). It returns how many it
+// deleted.
+func (d *Datapath) PurgeAffinity(drop func(serviceID, backendID uint32) bool) (int, error) {
 	var (
 		k    socklbSkAffKey
 		v    socklbSkAff
@@ -290,7 +290,7 @@ func (d *Datapath) PurgeAffinity(serviceID uint32, keep func(backendID uint32) b
 	)
 	it := d.objs.SkAffinity.Iterate()
 	for it.Next(&k, &v) {
-		if k.ServiceId == serviceID && !keep(v.BackendId) {
+		if drop(k.ServiceId, v.BackendId) {
 			dead = append(dead, k)
 		}
 	}
@@ -301,7 +301,7 @@ func (d *Datapath) PurgeAffinity(serviceID uint32, keep func(backendID uint32) b
 	for _, k := range dead {
 		err := d.objs.SkAffinity.Delete(k)
 		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return n, fmt.Errorf("delete socket-level affinity of service %d: %w", serviceID, err)
+			return n, fmt.Errorf("delete socket-level affinity of service %d: %w", k.ServiceId, err)
 		}
 		n++
 	}

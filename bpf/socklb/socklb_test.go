@@ -463,7 +463,7 @@ func TestAffinity(t *testing.T) {
 	}
 	delete(all, xID)
 	e.table(1, all)
-	n, err := e.sock.PurgeAffinity(1, func(id uint32) bool { return id != xID })
+	n, err := e.sock.PurgeAffinity(func(svc, id uint32) bool { return svc == 1 && id == xID })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,7 +22,7 @@ func TestServiceLifecycleNormalizesAndKeepsIDs(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := got.Service
-	if s.Id == 0 || s.Revision != 1 || s.MaglevTableSize != 65537 || s.HashMode != lbdv1.HashMode_HASH_MODE_FIVE_TUPLE ||
+	if s.Id == 0 || s.Revision != 1 || s.MaglevTableSize != 0 || s.HashMode != lbdv1.HashMode_HASH_MODE_FIVE_TUPLE ||
 		s.NoBackendAction != lbdv1.NoBackendAction_NO_BACKEND_ACTION_REJECT || s.AdvertisePolicy != lbdv1.AdvertisePolicy_ADVERTISE_POLICY_IF_HEALTHY {
 		t.Errorf("defaults not made explicit: %v", s)
 	}

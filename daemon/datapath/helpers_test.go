@@ -3,6 +3,7 @@
 package datapath
 
 import (
+	"fmt"
 	"net/netip"
 	"testing"
 	"time"
@@ -76,4 +77,19 @@ const active = lbdv1.BackendState_BACKEND_STATE_ACTIVE
 
 func netip4(a, b, c, d byte, port uint16) netip.AddrPort {
 	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{a, b, c, d}), port)
+}
+
+// manyServices builds n services of per backends each, IDs 1..n and backend IDs from 1,
+// as the store would hand them over; size 0 lets each table's size follow its backends.
+// Every VIP:port and backend is distinct.
+func manyServices(n, per int, size uint32) []*lbdv1.Service {
+	svcs := make([]*lbdv1.Service, n)
+	for i := range n {
+		bes := make([]*lbdv1.Backend, per)
+		for j := range per {
+			bes[j] = backend(uint32(i*per+j+1), fmt.Sprintf("198.18.%d.%d", 10+j, i%250+1), uint32(8000+i/250), active)
+		}
+		svcs[i] = service(uint32(i+1), fmt.Sprintf("svc-%d", i), fmt.Sprintf("203.0.113.%d", i%250+1), uint32(1000+i/250), size, bes...)
+	}
+	return svcs
 }

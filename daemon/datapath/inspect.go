@@ -109,9 +109,9 @@ func (m *Manager) TraceFlow(_ context.Context, r *lbdv1.TraceFlowRequest) (*lbdv
 	case forwarded && hadCT && ct.BackendID == bid:
 		choice = fmt.Sprintf("existing flow: its conntrack entry (state %s) keeps it on this backend", ct.State)
 	case forwarded && svc.svc.AffinityTimeout > 0:
-		choice = fmt.Sprintf("new flow: session affinity or the Maglev table (size %d) chose this backend", len(svc.table))
+		choice = fmt.Sprintf("new flow: session affinity or the Maglev table (size %d) chose this backend", svc.table.size)
 	case forwarded:
-		choice = fmt.Sprintf("new flow: the Maglev table (size %d) chose this backend", len(svc.table))
+		choice = fmt.Sprintf("new flow: the Maglev table (size %d) chose this backend", svc.table.size)
 	}
 	resp.Reason = traceReason(res, choice)
 	if !attached {

@@ -4,7 +4,6 @@ package datapath
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"net/netip"
@@ -17,7 +16,8 @@ import (
 )
 
 // programmed is what the LB maps hold for one service ID; the manager diffs desired
-// services against it so that only the difference is written.
+// services against it so that only the difference is written. It keeps no Maglev
+// table: the kernel holds it, with the digest of what it was built from (tables.go).
 type programmed struct {
 	name     string
 	key      lbxdp.ServiceKey
@@ -25,12 +25,41 @@ type programmed struct {
 	backends map[uint32]lbxdp.Backend
 	// keys of backends, for naming them in traces and stats.
 	backendKeys map[uint32]netip.AddrPort
-	table       []uint32
 	ranges      []netip.Prefix
+	table       tableInfo
 }
 
-// desired computes what the maps should hold for svc, and its Maglev table.
-func desired(svc *lbdv1.Service) (*programmed, error) {
+// tableInfo is what the manager keeps of a service's Maglev table.
+type tableInfo struct {
+	size   uint32            // M; 0: the service has no table
+	digest uint64            // maglev.Digest of the backends and size it was built from
+	shares map[uint32]uint32 // slots per backend ID, for the service's status
+	// present: the service has a table map, even one whose slots are not as recorded.
+	present bool
+	// usable are the backends it is built from; indexes is how many backend indexes a
+	// new map for it gets: every backend of the service, so that one becoming usable
+	// needs no new map.
+	usable  []maglev.Backend
+	indexes int
+}
+
+// has reports whether a table is in the maps and holds the slots the digest names.
+func (t tableInfo) has(size uint32, digest uint64) bool {
+	return t.size != 0 && t.size == size && t.digest == digest
+}
+
+// plan is one service on its way to the maps: what they should hold, and the table
+// (built by buildTables) until it is written.
+type plan struct {
+	want    *programmed
+	old     *programmed
+	pending *lbxdp.PendingTable
+	err     error
+}
+
+// desired computes what the maps should hold for svc; its Maglev table is built later
+// (buildTables), and only when the digest of its input changed.
+func desired(svc *lbdv1.Service) (*plan, error) {
 	vip, err := netip.ParseAddr(svc.Vip)
 	if err != nil {
 		return nil, fmt.Errorf("service %s: vip: %w", svc.Name, err)
@@ -47,8 +76,8 @@ func desired(svc *lbdv1.Service) (*programmed, error) {
 			DropNoBackend: svc.NoBackendAction == lbdv1.NoBackendAction_NO_BACKEND_ACTION_DROP,
 			SourceRanges:  len(svc.SourceRanges) > 0,
 		},
-		backends:    map[uint32]lbxdp.Backend{},
-		backendKeys: map[uint32]netip.AddrPort{},
+		backends:    make(map[uint32]lbxdp.Backend, len(svc.Backends)),
+		backendKeys: make(map[uint32]netip.AddrPort, len(svc.Backends)),
 	}
 	if svc.HashMode == lbdv1.HashMode_HASH_MODE_SOURCE_ADDRESS {
 		p.svc.HashMode = lbxdp.HashSourceAddr
@@ -64,7 +93,9 @@ func desired(svc *lbdv1.Service) (*programmed, error) {
 		p.ranges = append(p.ranges, pr)
 	}
 	var usable []maglev.Backend
+	var entries uint64
 	for _, b := range svc.Backends {
+		entries += uint64(b.Weight)
 		addr, err := netip.ParseAddr(b.Address)
 		if err != nil {
 			return nil, fmt.Errorf("service %s: backend: %w", svc.Name, err)
@@ -91,90 +122,139 @@ func desired(svc *lbdv1.Service) (*programmed, error) {
 			usable = append(usable, maglev.Backend{ID: b.Id, Key: maglev.Key(ap), Weight: b.Weight})
 		}
 	}
-	table, err := maglev.Build(usable, svc.MaglevTableSize)
-	if err != nil && !errors.Is(err, maglev.ErrNoBackends) {
+	// The size follows the service's backends as configured, whatever their state,
+	// so that every LB node derives the same one.
+	size := maglev.TableSize(svc.MaglevTableSize, len(svc.Backends), entries)
+	if err := maglev.Validate(usable, size); err != nil {
 		return nil, fmt.Errorf("service %s: maglev: %w", svc.Name, err)
 	}
-	p.table = table
-	return p, nil
+	if len(usable) > 0 {
+		p.table = tableInfo{size: size, digest: maglev.Digest(usable, size), usable: usable, indexes: len(svc.Backends)}
+	}
+	return &plan{want: p}, nil
 }
 
-// Upsert implements reconcile.Datapath.
-func (m *Manager) Upsert(_ context.Context, svc *lbdv1.Service) (map[uint32]uint32, error) {
+// Upsert programs one service (Apply with one service).
+func (m *Manager) Upsert(ctx context.Context, svc *lbdv1.Service) (map[uint32]uint32, error) {
+	slots, errs := m.Apply(ctx, nil, []*lbdv1.Service{svc})
+	return slots[svc.Id], errs[svc.Id]
+}
+
+// Delete removes one service (Apply with one removal).
+func (m *Manager) Delete(ctx context.Context, svc *lbdv1.Service) error {
+	_, errs := m.Apply(ctx, []*lbdv1.Service{svc}, nil)
+	return errs[svc.Id]
+}
+
+// Apply implements reconcile.Datapath: it removes deletes, then programs upserts, in
+// one batch. Tables are built on every CPU and only where their input changed; new
+// table maps are swapped in together (one RCU grace period per batch, not per table);
+// learned state (conntrack, affinity) is swept once for the whole batch. A service
+// whose change fails is reported by ID and does not stop the others.
+func (m *Manager) Apply(_ context.Context, deletes, upserts []*lbdv1.Service) (map[uint32]map[uint32]uint32, map[uint32]error) {
+	slotsOut := map[uint32]map[uint32]uint32{}
+	errs := map[uint32]error{}
 	if m.lb == nil {
-		return nil, nil
-	}
-	want, err := desired(svc)
-	if err != nil {
-		return nil, err
+		return slotsOut, errs
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if err := m.write(m.programmed[svc.Id], want); err != nil {
-		return nil, err
-	}
-	return slots(want.table), nil
-}
-
-// write moves the maps from old (nil: nothing) to want, in an order that never lets a
-// packet see a table entry without its backend or a service without its table.
-func (m *Manager) write(old, want *programmed) error {
-	if old == nil {
-		old = &programmed{}
-	}
-	if err := m.writeBefore(old, want); err != nil {
-		return err
-	}
-	if !slices.Equal(old.table, want.table) {
-		if want.table == nil {
-			if err := m.lb.DeleteMaglevTable(want.svc.ID); err != nil {
-				return err
-			}
-		} else if err := m.lb.UpdateMaglevTable(want.svc.ID, old.table, want.table); err != nil {
-			return err
-		}
-		if want.svc.AffinityTimeout > 0 {
-			usable := map[uint32]bool{}
-			for _, id := range want.table {
-				usable[id] = true
-			}
-			if err := m.purgeAffinity(want.svc.ID, func(id uint32) bool { return usable[id] }); err != nil {
-				return err
-			}
+	var sw sweep
+	for _, svc := range deletes {
+		if err := m.remove(svc.Id, &sw); err != nil {
+			errs[svc.Id] = err
 		}
 	}
-	if err := m.writeAfter(old, want); err != nil {
-		return err
-	}
-	m.trackNodes()
-	return nil
-}
-
-// writeBefore adds what the new table may refer to: backends and source ranges.
-func (m *Manager) writeBefore(old, want *programmed) error {
-	for bid, b := range want.backends {
-		if ob, ok := old.backends[bid]; ok && ob == b {
+	plans := make([]*plan, 0, len(upserts))
+	for _, svc := range upserts {
+		p, err := desired(svc)
+		if err != nil {
+			errs[svc.Id] = err
 			continue
 		}
-		// An adopted entry with the right content need not be written again.
-		if ob, ok := m.orphans[bid]; !ok || ob != b {
-			if err := m.lb.UpsertBackend(bid, b); err != nil {
-				return err
+		plans = append(plans, p)
+	}
+	m.applyPlans(plans, &sw)
+	if err := m.finishSweep(&sw); err != nil {
+		for _, p := range plans {
+			if p.err == nil {
+				p.err = err
+			}
+		}
+		for _, svc := range deletes {
+			if errs[svc.Id] == nil {
+				errs[svc.Id] = err
 			}
 		}
 	}
-	for _, r := range want.ranges {
-		if !slices.Contains(old.ranges, r) {
-			if err := m.lb.AddSourceRange(want.svc.ID, r); err != nil {
-				return err
+	for _, p := range plans {
+		if p.err != nil {
+			errs[p.want.svc.ID] = p.err
+		} else {
+			slotsOut[p.want.svc.ID] = p.want.table.shares
+		}
+	}
+	return slotsOut, errs
+}
+
+// applyPlans moves the maps to the plans, in an order that never lets a packet see a
+// table entry without its backend or a service without its table: backends and source
+// ranges, then tables, then service entries and removals. A failed plan keeps its error
+// and is skipped by the later steps. Caller holds mu.
+func (m *Manager) applyPlans(plans []*plan, sw *sweep) {
+	for _, p := range plans {
+		p.old = m.programmed[p.want.svc.ID]
+		if p.old == nil {
+			p.old = &programmed{}
+		}
+	}
+	m.writeBefore(plans)
+	m.writeTables(plans)
+	for _, p := range plans {
+		if p.err == nil {
+			p.err = m.writeAfter(p.old, p.want, sw)
+		}
+		if p.err != nil {
+			p.err = fmt.Errorf("service %s: %w", p.want.name, p.err)
+		}
+	}
+}
+
+// writeBefore adds what the new tables may refer to: backends (in one batch) and
+// source ranges.
+func (m *Manager) writeBefore(plans []*plan) {
+	backends := map[uint32]lbxdp.Backend{}
+	for _, p := range plans {
+		for bid, b := range p.want.backends {
+			if ob, ok := p.old.backends[bid]; ok && ob == b {
+				continue
+			}
+			// An adopted entry with the right content need not be written again.
+			if ob, ok := m.orphans[bid]; !ok || ob != b {
+				backends[bid] = b
 			}
 		}
 	}
-	return nil
+	if err := m.lb.UpsertBackends(backends); err != nil {
+		for _, p := range plans {
+			p.err = err
+		}
+		return
+	}
+	for _, p := range plans {
+		for _, r := range p.want.ranges {
+			if !slices.Contains(p.old.ranges, r) {
+				if err := m.lb.AddSourceRange(p.want.svc.ID, r); err != nil {
+					p.err = err
+					break
+				}
+			}
+		}
+	}
 }
 
 // writeAfter switches the service entry and removes what the old table referred to.
-func (m *Manager) writeAfter(old, want *programmed) error {
+func (m *Manager) writeAfter(old, want *programmed, sw *sweep) error {
 	id := want.svc.ID
 	if old.key != want.key || old.svc != want.svc {
 		if err := m.lb.UpsertService(want.key, want.svc); err != nil {
@@ -193,47 +273,82 @@ func (m *Manager) writeAfter(old, want *programmed) error {
 			}
 		}
 	}
-	var gone []uint32
 	for bid := range old.backends {
 		if _, ok := want.backends[bid]; !ok {
 			if err := m.lb.DeleteBackend(bid); err != nil {
 				return err
 			}
-			gone = append(gone, bid)
+			sw.goneBackends = append(sw.goneBackends, bid)
 		}
 	}
-	if len(gone) > 0 {
-		// Flows of removed or disabled backends re-balance at their next packet instead
-		// of black-holing (a UDP flow moves at once).
-		n, err := m.lb.DeleteConntrackByBackend(gone...)
-		if err != nil {
-			return err
-		}
-		for _, bid := range gone {
-			if err := m.lb.ResetBackendCounters(bid); err != nil {
-				return err
-			}
-		}
-		m.log.Debug("backends removed from the datapath", "op", "reconcile", "service", want.name, "backends", len(gone), "flows", n)
+	if want.svc.AffinityTimeout > 0 && !old.table.has(want.table.size, want.table.digest) {
+		// A drained, down, disabled or removed backend keeps its established flows
+		// (conntrack), but no new flow may follow affinity to it, as none may reach it
+		// through the table.
+		sw.affinity(id, want.table.shares)
 	}
+	m.track(old, -1)
+	m.track(want, 1)
 	m.programmed[id] = want
 	return nil
 }
 
-// purgeAffinity drops the affinity entries (XDP and socket-level) of service id whose
-// backend keep rejects. A table change passes the backends still in the table: a
-// drained, down, disabled or removed backend keeps its established flows (conntrack),
-// but no new flow may follow affinity to it, as none may reach it through the table.
-// Removing a service drops all of its entries, so that a service that later gets the
-// same ID does not inherit them.
-func (m *Manager) purgeAffinity(id uint32, keep func(backendID uint32) bool) error {
+// sweep collects what a batch leaves to clean in learned state, done once per batch
+// (each is a pass over a whole map).
+type sweep struct {
+	goneBackends []uint32
+	// keepAffinity: by service ID, the backends whose affinity entries stay (nil: none).
+	keepAffinity map[uint32]map[uint32]uint32
+}
+
+func (sw *sweep) affinity(serviceID uint32, keep map[uint32]uint32) {
+	if sw.keepAffinity == nil {
+		sw.keepAffinity = map[uint32]map[uint32]uint32{}
+	}
+	sw.keepAffinity[serviceID] = keep
+}
+
+// finishSweep drops the conntrack entries of removed or disabled backends, so that
+// their flows re-balance at their next packet instead of black-holing (a UDP flow moves
+// at once), resets their counters, purges affinity, and hands the next-hop tracker the
+// backend nodes. Caller holds mu.
+func (m *Manager) finishSweep(sw *sweep) error {
+	defer m.syncNodes()
+	if len(sw.goneBackends) > 0 {
+		n, err := m.lb.DeleteConntrackByBackend(sw.goneBackends...)
+		if err != nil {
+			return err
+		}
+		for _, bid := range sw.goneBackends {
+			if err := m.lb.ResetBackendCounters(bid); err != nil {
+				return err
+			}
+		}
+		m.log.Debug("backends removed from the datapath", "op", "reconcile", "backends", len(sw.goneBackends), "flows", n)
+	}
+	if len(sw.keepAffinity) == 0 {
+		return nil
+	}
+	return m.purgeAffinity(func(svc, be uint32) bool {
+		keep, ok := sw.keepAffinity[svc]
+		if !ok {
+			return false
+		}
+		_, kept := keep[be]
+		return !kept
+	})
+}
+
+// purgeAffinity drops the affinity entries (XDP and socket-level) for which drop
+// says so, in one pass over each map.
+func (m *Manager) purgeAffinity(drop func(serviceID, backendID uint32) bool) error {
 	entries, err := m.lb.Affinity()
 	if err != nil {
 		return err
 	}
 	n := 0
 	for _, e := range entries {
-		if e.ServiceID == id && !keep(e.BackendID) {
+		if drop(e.ServiceID, e.BackendID) {
 			if err := m.lb.DeleteAffinity(e.ServiceID, e.Client); err != nil {
 				return err
 			}
@@ -241,29 +356,22 @@ func (m *Manager) purgeAffinity(id uint32, keep func(backendID uint32) bool) err
 		}
 	}
 	if m.sock != nil {
-		sn, err := m.sock.PurgeAffinity(id, keep)
+		sn, err := m.sock.PurgeAffinity(drop)
 		if err != nil {
 			return err
 		}
 		n += sn
 	}
 	if n > 0 {
-		m.log.Debug("affinity purged", "op", "write", "service_id", id, "entries", n)
+		m.log.Debug("affinity purged", "op", "write", "entries", n)
 	}
 	return nil
 }
 
-// Delete implements reconcile.Datapath.
-func (m *Manager) Delete(_ context.Context, svc *lbdv1.Service) error {
-	if m.lb == nil {
-		return nil
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.remove(svc.Id)
-}
-
-func (m *Manager) remove(id uint32) error {
+// remove takes a service out of the maps; what its removal leaves in learned state is
+// collected in sw. Removing a service drops all of its affinity entries, so that a
+// service that later gets the same ID does not inherit them. Caller holds mu.
+func (m *Manager) remove(id uint32, sw *sweep) error {
 	old := m.programmed[id]
 	if old == nil {
 		return nil
@@ -279,33 +387,25 @@ func (m *Manager) remove(id uint32) error {
 			return err
 		}
 	}
-	ids := slices.Collect(maps.Keys(old.backends))
-	for _, bid := range ids {
+	for _, bid := range slices.Sorted(maps.Keys(old.backends)) {
 		if err := m.lb.DeleteBackend(bid); err != nil {
 			return err
 		}
-		if err := m.lb.ResetBackendCounters(bid); err != nil {
-			return err
-		}
-	}
-	if len(ids) > 0 {
-		if _, err := m.lb.DeleteConntrackByBackend(ids...); err != nil {
-			return err
-		}
+		sw.goneBackends = append(sw.goneBackends, bid)
 	}
 	if err := m.lb.ResetServiceCounters(id); err != nil {
 		return err
 	}
-	if err := m.purgeAffinity(id, func(uint32) bool { return false }); err != nil {
-		return err
-	}
+	sw.affinity(id, nil)
+	m.track(old, -1)
 	delete(m.programmed, id)
-	m.trackNodes()
 	return nil
 }
 
 // Sync implements reconcile.Datapath: it writes what differs between the services and
 // the maps (adopted from an earlier daemon, or empty) and removes what is not desired.
+// After a restart with equal state it writes nothing: the tables in the maps carry the
+// digest of what they were built from, and none is built again.
 func (m *Manager) Sync(_ context.Context, svcs []*lbdv1.Service) (map[string]map[uint32]uint32, error) {
 	out := map[string]map[uint32]uint32{}
 	if m.lb == nil {
@@ -313,62 +413,31 @@ func (m *Manager) Sync(_ context.Context, svcs []*lbdv1.Service) (map[string]map
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	start := time.Now()
-	// Three phases so that all table swaps go to the kernel in one batch (one RCU grace
-	// period instead of one per service): what tables refer to, the tables, the rest.
-	keep := map[uint32]bool{}
-	wants := make([]*programmed, 0, len(svcs))
-	swaps := map[uint32][]uint32{}
+	start, writes := time.Now(), m.lb.Writes()
+	keep := make(map[uint32]bool, len(svcs))
+	plans := make([]*plan, 0, len(svcs))
 	for _, svc := range svcs {
-		want, err := desired(svc)
+		p, err := desired(svc)
 		if err != nil {
 			return nil, err
 		}
-		old := m.programmed[svc.Id]
-		if old == nil {
-			old = &programmed{}
-		}
-		if err := m.writeBefore(old, want); err != nil {
-			return nil, fmt.Errorf("sync service %s: %w", svc.Name, err)
-		}
-		switch {
-		case slices.Equal(old.table, want.table):
-		case want.table == nil:
-			if err := m.lb.DeleteMaglevTable(svc.Id); err != nil {
-				return nil, fmt.Errorf("sync service %s: %w", svc.Name, err)
-			}
-		case len(old.table) == len(want.table):
-			// Same size: rewritten in place through the inactive half, no map swap.
-			if err := m.lb.UpdateMaglevTable(svc.Id, old.table, want.table); err != nil {
-				return nil, fmt.Errorf("sync service %s: %w", svc.Name, err)
-			}
-		default:
-			swaps[svc.Id] = want.table
-		}
-		wants = append(wants, want)
+		plans = append(plans, p)
 		keep[svc.Id] = true
-		out[svc.Name] = slots(want.table)
 	}
-	if err := m.lb.SetMaglevTables(swaps); err != nil {
-		return nil, err
-	}
-	for _, want := range wants {
-		old := m.programmed[want.svc.ID]
-		if old == nil {
-			old = &programmed{}
-		}
-		if err := m.writeAfter(old, want); err != nil {
-			return nil, fmt.Errorf("sync service %s: %w", want.name, err)
-		}
-	}
-	// Once, not per service: each call walks every backend of every service.
-	m.trackNodes()
-	for id := range m.programmed {
+	var sw sweep
+	for _, id := range slices.Sorted(maps.Keys(m.programmed)) {
 		if !keep[id] {
-			if err := m.remove(id); err != nil {
+			if err := m.remove(id, &sw); err != nil {
 				return nil, fmt.Errorf("remove stale service %d: %w", id, err)
 			}
 		}
+	}
+	m.applyPlans(plans, &sw)
+	for _, p := range plans {
+		if p.err != nil {
+			return nil, fmt.Errorf("sync %w", p.err)
+		}
+		out[p.want.name] = p.want.table.shares
 	}
 	// Backends left by an earlier daemon that no service refers to any more.
 	live := map[uint32]bool{}
@@ -377,63 +446,30 @@ func (m *Manager) Sync(_ context.Context, svcs []*lbdv1.Service) (map[string]map
 			live[bid] = true
 		}
 	}
-	var gone []uint32
-	for bid := range m.orphans {
+	for _, bid := range slices.Sorted(maps.Keys(m.orphans)) {
 		if !live[bid] {
 			if err := m.lb.DeleteBackend(bid); err != nil {
 				return nil, err
 			}
-			gone = append(gone, bid)
+			sw.goneBackends = append(sw.goneBackends, bid)
 		}
 	}
-	if len(gone) > 0 {
-		if _, err := m.lb.DeleteConntrackByBackend(gone...); err != nil {
-			return nil, err
-		}
+	if err := m.finishSweep(&sw); err != nil {
+		return nil, err
 	}
 	m.orphans = nil
 	m.synced = true
-	m.log.Info("datapath maps synced", "op", "sync", "services", len(svcs), "took", time.Since(start))
+	m.log.Info("datapath maps synced", "op", "sync", "services", len(svcs),
+		"writes", m.lb.Writes()-writes, "took", time.Since(start))
 	return out, nil
 }
 
-// adoptProgrammed reads what an earlier daemon left in the maps, so Sync writes only
-// the difference.
-func (m *Manager) adoptProgrammed() error {
-	svcs, err := m.lb.Services()
-	if err != nil {
-		return err
+// MapWrites is the number of entries lbd has written to the maps it fills from the
+// desired state since Open (lbxdp.Datapath.Writes): a restart that finds the maps as
+// they should be adds none.
+func (m *Manager) MapWrites() uint64 {
+	if m.lb == nil {
+		return 0
 	}
-	ranges, err := m.lb.SourceRanges()
-	if err != nil {
-		return err
-	}
-	for k, s := range svcs {
-		table, err := m.lb.MaglevTable(s.ID)
-		if err != nil {
-			return err
-		}
-		m.programmed[s.ID] = &programmed{key: k, svc: s, table: table, ranges: ranges[s.ID],
-			backends: map[uint32]lbxdp.Backend{}, backendKeys: map[uint32]netip.AddrPort{}}
-	}
-	m.orphans = map[uint32]lbxdp.Backend{}
-	for bid := uint32(1); bid < m.lb.Options().MaxBackends; bid++ {
-		b, ok, err := m.lb.Backend(bid)
-		if err != nil {
-			return err
-		}
-		if ok {
-			m.orphans[bid] = b
-		}
-	}
-	return nil
-}
-
-// slots counts each backend's share of a table.
-func slots(table []uint32) map[uint32]uint32 {
-	out := map[uint32]uint32{}
-	for id, n := range maglev.Shares(table) {
-		out[id] = uint32(n)
-	}
-	return out
+	return m.lb.Writes()
 }

@@ -102,6 +102,12 @@ type Manager struct {
 	programmed map[uint32]*programmed
 	// orphans are backends found in adopted maps, until the first Sync.
 	orphans map[uint32]lbxdp.Backend
+	// nodes counts the backends in the maps by node; trackedNodes is the set last
+	// handed to the next-hop tracker (nexthops.go).
+	nodes        map[netip.Addr]int
+	trackedNodes []netip.Addr
+	// verifyNext is the service ID the next periodic verification of tables starts at.
+	verifyNext uint32
 	// migrations are the maps Open rebuilds: copied before the programs are switched,
 	// finished once they all are (migrate.go).
 	migrations []*migration
@@ -147,7 +153,7 @@ func Open(cfg Config, log hclog.Logger) (*Manager, error) {
 		return nil, err
 	}
 	m := &Manager{cfg: cfg, log: log, links: map[string]link.Link{}, attaches: map[string]attachSpec{},
-		programmed: map[uint32]*programmed{}, drift: map[string]uint64{}}
+		programmed: map[uint32]*programmed{}, drift: map[string]uint64{}, nodes: map[netip.Addr]int{}}
 	var lockIfaces []string
 	if cfg.LB || cfg.Backend {
 		lockIfaces = cfg.Interfaces
@@ -284,17 +290,21 @@ func (m *Manager) openLB(ifaces []netlink.Link) error {
 	if err := m.adoptLegacyConntrack(ctNew); err != nil {
 		return err
 	}
-	c, err := m.lb.Config()
+	have, err := m.lb.Config()
 	if err != nil {
 		return err
 	}
+	c := have
 	c.HashSeed, c.VNI = m.cfg.HashSeed, m.cfg.VNI
 	c.Source4, c.Source6 = m.cfg.Underlay4, m.cfg.Underlay6
 	// SCTP associations are connections like TCP's and follow its idle timeout.
 	c.TCPEstablishedTimeout, c.UDPTimeout, c.SCTPEstablishedTimeout = m.cfg.tcpIdle(), m.cfg.udpIdle(), m.cfg.tcpIdle()
 	c.GuardRate = m.cfg.ConntrackGuardRate
-	if err := m.lb.SetConfig(c); err != nil {
-		return fmt.Errorf("configure XDP datapath: %w", err)
+	// An adopted datapath that holds this configuration already is not written.
+	if c != have {
+		if err := m.lb.SetConfig(c); err != nil {
+			return fmt.Errorf("configure XDP datapath: %w", err)
+		}
 	}
 	m.lbConfig = c
 	if m.cfg.LB {

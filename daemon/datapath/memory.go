@@ -10,16 +10,26 @@ import (
 	"strings"
 
 	"github.com/cilium/ebpf"
+	"github.com/lbd-dev/lbd/daemon/maglev"
+	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 )
 
-// tableHeaderBytes rounds up the kernel's own part of an array map (struct bpf_array,
-// about 300 bytes on 6.x kernels) that every Maglev table map carries besides its slots.
-const tableHeaderBytes = 512
-
-// TableBytes is the kernel memory of a service's Maglev table of size m: a map of 2m+1
-// 4-byte slots (two halves and the size slot, see bpf/lbxdp/tables.go), which an array
-// map stores 8 bytes apart, plus the map's header.
-func TableBytes(m uint32) uint64 { return 8*(2*uint64(m)+1) + tableHeaderBytes }
+// TableBytes is the kernel memory (memlock) the Maglev table of svc takes: its size
+// follows the service's backends unless it sets one (maglev.TableSize), and its map
+// has 64-byte elements for the head, the backend indexes of every backend of the
+// service, and two halves of 2-byte slots (bpf/lbxdp/tables.go), plus the kernel's
+// own part of the map. 0 on a node without the LB maps.
+func (m *Manager) TableBytes(svc *lbdv1.Service) uint64 {
+	if m.lb == nil {
+		return 0
+	}
+	var entries uint64
+	for _, b := range svc.Backends {
+		entries += uint64(b.Weight)
+	}
+	size := maglev.TableSize(svc.MaglevTableSize, len(svc.Backends), entries)
+	return m.lb.TableMemlock(size, len(svc.Backends))
+}
 
 // MapBytes is the kernel memory (memlock) of every map the loaded programs use, the
 // Maglev tables held in lb_maglev aside: the part of the node's BPF memory that the

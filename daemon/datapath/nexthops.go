@@ -82,16 +82,29 @@ func ReleaseNeighbours(ctx context.Context, record string) error {
 	return nh.Release(ctx)
 }
 
-// trackNodes hands the tracker the node of every backend in the maps. Caller holds mu.
-func (m *Manager) trackNodes() {
+// track counts p's backends in (delta 1) or out of (-1) the backend nodes the maps
+// refer to. Caller holds mu.
+func (m *Manager) track(p *programmed, delta int) {
+	for _, b := range p.backends {
+		n := m.nodes[b.Node] + delta
+		if n > 0 {
+			m.nodes[b.Node] = n
+		} else {
+			delete(m.nodes, b.Node)
+		}
+	}
+}
+
+// syncNodes hands the tracker the node of every backend in the maps when that set
+// changed. Caller holds mu.
+func (m *Manager) syncNodes() {
 	if m.nh == nil || !m.attached {
 		return
 	}
-	set := map[netip.Addr]bool{}
-	for _, p := range m.programmed {
-		for _, b := range p.backends {
-			set[b.Node] = true
-		}
+	nodes := slices.SortedFunc(maps.Keys(m.nodes), netip.Addr.Compare)
+	if slices.Equal(nodes, m.trackedNodes) {
+		return
 	}
-	m.nh.SetNodes(slices.SortedFunc(maps.Keys(set), netip.Addr.Compare))
+	m.trackedNodes = nodes
+	m.nh.SetNodes(nodes)
 }

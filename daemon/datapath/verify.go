@@ -35,7 +35,7 @@ func (m *Manager) RunVerify(ctx context.Context) {
 		case <-t.C:
 		}
 		start := time.Now()
-		drift, err := m.Verify(ctx)
+		drift, err := m.verify(false)
 		if err != nil {
 			m.log.Error("datapath verification failed", "op", "verify", "error", err)
 			continue
@@ -48,8 +48,11 @@ func (m *Manager) RunVerify(ctx context.Context) {
 // wrote (the desired state), and repairs every difference: something other than lbd
 // changed a map entry, removed one, or detached a program. Each repair is logged with
 // what differed and counted by kind (DriftCounts). A node detached on purpose
-// (Detach) is left detached.
-func (m *Manager) Verify(context.Context) ([]*lbdv1.Drift, error) {
+// (Detach) is left detached. It reads every Maglev table; the periodic verification
+// reads verifyTableBatch of them each time, in turn.
+func (m *Manager) Verify(context.Context) ([]*lbdv1.Drift, error) { return m.verify(true) }
+
+func (m *Manager) verify(allTables bool) ([]*lbdv1.Drift, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.attached {
@@ -80,7 +83,7 @@ func (m *Manager) Verify(context.Context) ([]*lbdv1.Drift, error) {
 		return out, err
 	}
 	if m.lb != nil && m.synced {
-		if err := m.verifyLB(note); err != nil {
+		if err := m.verifyLB(note, allTables); err != nil {
 			return out, err
 		}
 	}
@@ -93,7 +96,7 @@ func (m *Manager) Verify(context.Context) ([]*lbdv1.Drift, error) {
 }
 
 // verifyLB compares the LB maps with m.programmed and m.lbConfig. Caller holds mu.
-func (m *Manager) verifyLB(note func(kind, format string, args ...any)) error {
+func (m *Manager) verifyLB(note func(kind, format string, args ...any), allTables bool) error {
 	c, err := m.lb.Config()
 	if err != nil {
 		return err
@@ -152,21 +155,9 @@ func (m *Manager) verifyLB(note func(kind, format string, args ...any)) error {
 				note("backend", "backend %d of service %s: %s", bid, p.name, presence(ok, fmt.Sprintf("%+v, want %+v", got, b)))
 			}
 		}
-		ok, err := m.lb.MaglevTableMatches(id, p.table)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			if p.table == nil {
-				err = m.lb.DeleteMaglevTable(id)
-			} else {
-				err = m.lb.SetMaglevTable(id, p.table)
-			}
-			if err != nil {
-				return err
-			}
-			note("maglev_table", "Maglev table of service %s did not hold the desired %d slots: rewritten", p.name, len(p.table))
-		}
+	}
+	if err := m.verifyTables(note, allTables); err != nil {
+		return err
 	}
 	for bid := range backends {
 		if !live[bid] {

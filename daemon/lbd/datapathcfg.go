@@ -11,7 +11,6 @@ import (
 	"github.com/lbd-dev/lbd/daemon/datapath"
 	"github.com/lbd-dev/lbd/daemon/gc"
 	"github.com/lbd-dev/lbd/daemon/store"
-	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 )
 
 // The datapath's configuration and memory budget, from lbd's configuration.
@@ -72,5 +71,5 @@ func memoryBudget(cfg config.Config, mgr *datapath.Manager) (store.MemoryBudget,
 		return store.MemoryBudget{}, fmt.Errorf("datapath.memory_budget: the maps the configuration sizes take %d bytes, more than the budget of %d: "+
 			"raise the budget or lower conntrack_size, nat_size, limits.max_services or limits.max_backends", maps, total)
 	}
-	return store.MemoryBudget{Tables: total - maps, Total: total, Setting: "datapath.memory_budget", TableBytes: func(svc *lbdv1.Service) uint64 { return datapath.TableBytes(svc.MaglevTableSize) }}, nil
+	return store.MemoryBudget{Tables: total - maps, Total: total, Setting: "datapath.memory_budget", TableBytes: mgr.TableBytes}, nil
 }

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/lbd-dev/lbd/daemon/maglev"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"google.golang.org/protobuf/proto"
 )
@@ -30,9 +31,9 @@ func (s *Store) editBackends(serviceName string, edit func(svc *lbdv1.Service) e
 	for _, b := range svc.Backends {
 		weights += b.Weight
 	}
-	if weights > svc.MaglevTableSize {
+	if m := maglev.TableSize(svc.MaglevTableSize, len(svc.Backends), uint64(weights)); weights > m {
 		t.abort()
-		return nil, invalid("backend.weight", "weights would add up to %d, more than the Maglev table size %d", weights, svc.MaglevTableSize)
+		return nil, invalid("backend.weight", "weights would add up to %d, more than the Maglev table size %d", weights, m)
 	}
 	sortBackends(svc.Backends)
 	if sameSpec(svc, old) {

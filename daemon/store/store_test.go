@@ -244,7 +244,8 @@ func TestIDAllocHolds(t *testing.T) {
 // with RESOURCE_EXHAUSTED and changes nothing; the budget itself can be used up.
 func TestMemoryBudget(t *testing.T) {
 	perSize := func(m uint32) uint64 { return 8 * (2*uint64(m) + 1) }
-	perTable := func(svc *lbdv1.Service) uint64 { return perSize(svc.MaglevTableSize) }
+	// A stand-in for the datapath's figure: a derived size (0) counts as 1021 slots.
+	perTable := func(svc *lbdv1.Service) uint64 { return perSize(max(svc.MaglevTableSize, 1021)) }
 	s, err := Open(Options{Limits: DefaultLimits(), Memory: func() MemoryBudget {
 		return MemoryBudget{Tables: 3 * perSize(65537), Total: 1 << 30, Setting: "datapath.memory_budget", TableBytes: perTable}
 	}})

@@ -29,6 +29,8 @@ type Limits struct {
 	MaxBgpPeers     int `json:"max_bgp_peers"`
 	// DefaultTableSize is the Maglev table size of services that do not set one. It is
 	// stored in each service, so changing it later does not reshuffle existing tables.
+	// 0 (the default) stores none: each table's size then follows its service's number
+	// of backends, at least 200 slots per backend (see docs/operations.md).
 	DefaultTableSize uint32 `json:"default_maglev_table_size"`
 }
 
@@ -40,7 +42,6 @@ func DefaultLimits() Limits {
 		MaxBackends:           262143,
 		MaxSourceRanges:       256,
 		MaxBgpPeers:           64,
-		DefaultTableSize:      maglev.DefaultTableSize,
 	}
 }
 
@@ -57,6 +58,9 @@ func (l Limits) Validate() error {
 		return fmt.Errorf("max_source_ranges must not be negative, got %d", l.MaxSourceRanges)
 	case l.MaxBgpPeers < 0:
 		return fmt.Errorf("max_bgp_peers must not be negative, got %d", l.MaxBgpPeers)
+	}
+	if l.DefaultTableSize == 0 {
+		return nil
 	}
 	if err := maglev.ValidateTableSize(l.DefaultTableSize); err != nil {
 		return fmt.Errorf("default_maglev_table_size: %w", err)
@@ -183,8 +187,10 @@ func normalizeService(svc *lbdv1.Service, lim Limits) (*lbdv1.Service, *Error) {
 	if s.MaglevTableSize == 0 {
 		s.MaglevTableSize = lim.DefaultTableSize
 	}
-	if err := validTableSize(s.MaglevTableSize); err != nil {
-		return nil, invalid("service.maglev_table_size", "%v", err)
+	if s.MaglevTableSize != 0 {
+		if err := validTableSize(s.MaglevTableSize); err != nil {
+			return nil, invalid("service.maglev_table_size", "%v", err)
+		}
 	}
 	switch s.HashMode {
 	case lbdv1.HashMode_HASH_MODE_UNSPECIFIED:
@@ -247,8 +253,8 @@ func normalizeService(svc *lbdv1.Service, lim Limits) (*lbdv1.Service, *Error) {
 		weights += nb.Weight
 		s.Backends[i] = nb
 	}
-	if weights > s.MaglevTableSize {
-		return nil, invalid("service.backends", "weights add up to %d, more than the Maglev table size %d", weights, s.MaglevTableSize)
+	if m := maglev.TableSize(s.MaglevTableSize, len(s.Backends), uint64(weights)); weights > m {
+		return nil, invalid("service.backends", "weights add up to %d, more than the Maglev table size %d", weights, m)
 	}
 	sortBackends(s.Backends)
 	return s, nil
