@@ -14,7 +14,8 @@ type Fake struct {
 	mu       sync.Mutex
 	services map[uint32]*lbdv1.Service
 	calls    []string
-	// Fail, when set, makes Upsert return this error for services with this name.
+	batches  []int
+	// Fail, when set, makes Apply fail the services with this name with this error.
 	Fail map[string]error
 }
 
@@ -35,25 +36,26 @@ func (f *Fake) Sync(_ context.Context, svcs []*lbdv1.Service) (map[string]map[ui
 	return out, nil
 }
 
-// Upsert implements Datapath.
-func (f *Fake) Upsert(_ context.Context, s *lbdv1.Service) (map[uint32]uint32, error) {
+// Apply implements Datapath: removals, then the rest, in name order within each.
+func (f *Fake) Apply(_ context.Context, deletes, upserts []*lbdv1.Service) (map[uint32]map[uint32]uint32, map[uint32]error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.calls = append(f.calls, "upsert "+s.Name)
-	if err := f.Fail[s.Name]; err != nil {
-		return nil, err
+	slots, errs := map[uint32]map[uint32]uint32{}, map[uint32]error{}
+	f.batches = append(f.batches, len(deletes)+len(upserts))
+	for _, s := range deletes {
+		f.calls = append(f.calls, "delete "+s.Name)
+		delete(f.services, s.Id)
 	}
-	f.services[s.Id] = proto.Clone(s).(*lbdv1.Service)
-	return fakeSlots(s), nil
-}
-
-// Delete implements Datapath.
-func (f *Fake) Delete(_ context.Context, s *lbdv1.Service) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.calls = append(f.calls, "delete "+s.Name)
-	delete(f.services, s.Id)
-	return nil
+	for _, s := range upserts {
+		f.calls = append(f.calls, "upsert "+s.Name)
+		if err := f.Fail[s.Name]; err != nil {
+			errs[s.Id] = err
+			continue
+		}
+		f.services[s.Id] = proto.Clone(s).(*lbdv1.Service)
+		slots[s.Id] = fakeSlots(s)
+	}
+	return slots, errs
 }
 
 // Services returns copies of the services the fake holds, keyed by ID.
@@ -65,6 +67,13 @@ func (f *Fake) Services() map[uint32]*lbdv1.Service {
 		out[id] = proto.Clone(s).(*lbdv1.Service)
 	}
 	return out
+}
+
+// Batches returns how many changes each Apply call carried.
+func (f *Fake) Batches() []int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]int(nil), f.batches...)
 }
 
 // Calls returns the calls received so far.

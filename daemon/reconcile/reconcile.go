@@ -1,6 +1,8 @@
 // Package reconcile drives the datapath toward the desired state. The store pushes every
-// change to the reconciler; the reconciler coalesces changes per service and hands them to
-// the Datapath, which is the only writer of BPF maps. Nothing is polled.
+// change to the reconciler; the reconciler coalesces changes per service and hands each
+// batch of them to the Datapath in one call, so that a burst (10,000 services applied at
+// once) costs the datapath one pass rather than one per service. The Datapath is the
+// only writer of BPF maps. Nothing is polled.
 package reconcile
 
 import (
@@ -23,11 +25,12 @@ type Datapath interface {
 	// when the datapath may hold state from an earlier run). It returns each service's
 	// Maglev table share per backend ID, keyed by service name.
 	Sync(ctx context.Context, services []*lbdv1.Service) (map[string]map[uint32]uint32, error)
-	// Upsert programs one service, replacing what the datapath holds for its ID. It
-	// returns the Maglev table share per backend ID.
-	Upsert(ctx context.Context, svc *lbdv1.Service) (map[uint32]uint32, error)
-	// Delete removes one service (by its ID) and its backends.
-	Delete(ctx context.Context, svc *lbdv1.Service) error
+	// Apply removes the services of deletes (by ID) with their backends, then programs
+	// those of upserts, each replacing what the datapath holds for its ID. It returns,
+	// by service ID, the Maglev table share per backend ID of each service programmed,
+	// and the error of each change that failed; a failed change does not stop the
+	// others.
+	Apply(ctx context.Context, deletes, upserts []*lbdv1.Service) (map[uint32]map[uint32]uint32, map[uint32]error)
 }
 
 // Reconciler applies store changes to a Datapath.
@@ -86,14 +89,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		batch, upTo := r.pending, r.lastSeq
 		r.pending = map[string]store.Event{}
 		r.mu.Unlock()
-		for _, name := range slices.Sorted(maps.Keys(batch)) {
-			ev := batch[name]
-			if err := r.apply(ctx, ev); err != nil {
-				r.failed[name] = ev.Seq
-			} else {
-				delete(r.failed, name)
-			}
-		}
+		r.apply(ctx, batch)
 		for _, s := range r.failed {
 			upTo = min(upTo, s-1)
 		}
@@ -117,32 +113,52 @@ func (r *Reconciler) enqueue(evs []store.Event) {
 	}
 }
 
-func (r *Reconciler) apply(ctx context.Context, ev store.Event) error {
+// apply hands a batch of changes to the datapath in one call and reports each
+// service's result to the store. A service whose change failed keeps its Seq in failed.
+func (r *Reconciler) apply(ctx context.Context, batch map[string]store.Event) {
+	if len(batch) == 0 {
+		return // a wake-up for status or node events only
+	}
 	start := time.Now()
-	old := r.applied[ev.Name]
-	if old != nil && (ev.Type == store.Deleted || old.Id != ev.Service.Id) {
-		if err := r.dp.Delete(ctx, old); err != nil {
-			r.log.Error("datapath delete failed", "op", "reconcile", "service", ev.Name, "error", err)
-			if ev.Type != store.Deleted {
-				r.report(ev.Service, ev.Seq, err, nil)
-			}
-			return err
+	names := slices.Sorted(maps.Keys(batch))
+	var deletes, upserts []*lbdv1.Service
+	for _, name := range names {
+		ev := batch[name]
+		if old := r.applied[name]; old != nil && (ev.Type == store.Deleted || old.Id != ev.Service.Id) {
+			deletes = append(deletes, old)
 		}
-		delete(r.applied, ev.Name)
+		if ev.Type != store.Deleted {
+			upserts = append(upserts, ev.Service)
+		}
 	}
-	if ev.Type == store.Deleted {
+	slots, errs := r.dp.Apply(ctx, deletes, upserts)
+	for _, name := range names {
+		ev := batch[name]
+		var err error
+		if old := r.applied[name]; old != nil && (ev.Type == store.Deleted || old.Id != ev.Service.Id) {
+			if err = errs[old.Id]; err != nil {
+				r.log.Error("datapath delete failed", "op", "reconcile", "service", name, "error", err)
+			} else {
+				delete(r.applied, name)
+			}
+		}
+		if ev.Type != store.Deleted {
+			if err == nil {
+				if err = errs[ev.Service.Id]; err != nil {
+					r.log.Error("datapath update failed", "op", "reconcile", "service", name, "revision", ev.Service.Revision, "error", err)
+				} else {
+					r.applied[name] = ev.Service
+				}
+			}
+			r.report(ev.Service, ev.Seq, err, slots[ev.Service.Id])
+		}
+		if err != nil {
+			r.failed[name] = ev.Seq
+		} else {
+			delete(r.failed, name)
+		}
 		r.observe(start)
-		return nil
 	}
-	slots, err := r.dp.Upsert(ctx, ev.Service)
-	if err != nil {
-		r.log.Error("datapath update failed", "op", "reconcile", "service", ev.Name, "revision", ev.Service.Revision, "error", err)
-	} else {
-		r.applied[ev.Name] = ev.Service
-	}
-	r.report(ev.Service, ev.Seq, err, slots)
-	r.observe(start)
-	return err
 }
 
 func (r *Reconciler) observe(start time.Time) {

@@ -3,6 +3,7 @@ package reconcile
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -143,5 +144,42 @@ func TestReconcilerCoalescesBursts(t *testing.T) {
 	})
 	if calls := fake.Calls(); len(calls) > 2 {
 		t.Errorf("%d datapath calls for changes made before start, want the sync only: %v", len(calls), calls)
+	}
+}
+
+// TestReconcilerAppliesABurstInOneBatch: services applied at once reach the datapath
+// in one call, and one that fails there fails alone.
+func TestReconcilerAppliesABurstInOneBatch(t *testing.T) {
+	st, err := store.Open(store.Options{Limits: store.DefaultLimits()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake := NewFake()
+	fake.Fail["svc-7"] = errors.New("map full")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	r := New(st, fake, nil)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	eventually(t, "the initial sync", func() bool { return len(fake.Calls()) > 0 })
+
+	var svcs []*lbdv1.Service
+	for i := range 500 {
+		svcs = append(svcs, svc(fmt.Sprintf("svc-%d", i), fmt.Sprintf("203.0.113.%d", i%250+1), fmt.Sprintf("198.18.%d.%d", i/250, i%250+1)))
+		svcs[i].Port = uint32(80 + i/250)
+	}
+	if _, err := st.ApplyServices("o", svcs); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "499 services in the datapath", func() bool { return len(fake.Services()) == 499 })
+	if b := fake.Batches(); len(b) != 1 || b[0] != 500 {
+		t.Errorf("the datapath got batches of %v changes, want one of 500", b)
+	}
+	eventually(t, "svc-7 in error", func() bool {
+		s, err := st.GetService("svc-7")
+		return err == nil && s.Status.State == lbdv1.ServiceState_SERVICE_STATE_ERROR
+	})
+	if s, _ := st.GetService("svc-8"); s.Status.State != lbdv1.ServiceState_SERVICE_STATE_READY {
+		t.Errorf("svc-8: %v, want READY beside the failed svc-7", s.Status)
 	}
 }
