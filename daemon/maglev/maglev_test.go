@@ -3,6 +3,7 @@ package maglev
 import (
 	"errors"
 	"fmt"
+	"math/big"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -61,6 +62,12 @@ func TestIsPrime(t *testing.T) {
 	for _, n := range composites {
 		if IsPrime(n) {
 			t.Errorf("IsPrime(%d) = true, want false", n)
+		}
+	}
+	// Trial division below 2^32 agrees with math/big on every table size.
+	for n := uint64(0); n <= MaxTableSize; n++ {
+		if IsPrime(n) != new(big.Int).SetUint64(n).ProbablyPrime(0) {
+			t.Fatalf("IsPrime(%d) disagrees with math/big", n)
 		}
 	}
 }
