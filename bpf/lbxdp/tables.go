@@ -3,10 +3,8 @@
 package lbxdp
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"maps"
 	"slices"
 
@@ -48,30 +46,94 @@ var ErrTableShape = errors.New("table map does not fit the table")
 
 // Table is a service's Maglev table as the datapath stores it.
 type Table struct {
-	// Slots holds the backend ID of each slot; its length is the table size M.
-	Slots []uint32
+	// Backends are the backend IDs the slots refer to.
+	Backends []uint32
+	// Slots holds, for each slot, an index into Backends; its length is the table
+	// size M.
+	Slots []uint16
 	// Digest identifies what the table was built from. The datapath keeps it in the
 	// map, so that a restarted daemon can tell whether the table it finds is the one
 	// it would build, without building it.
 	Digest uint64
-	// Backends is how many backend indexes a new map gets: at least the distinct
-	// IDs in Slots (fewer are raised to that). A later table with more distinct
-	// backends than the map has indexes needs a new map.
-	Backends int
+	// Indexes is how many backend indexes a new map gets: at least len(Backends)
+	// (fewer are raised to that). A later table with more distinct backends than the
+	// map has indexes needs a new map.
+	Indexes int
+}
+
+// TableOf makes a Table of one backend ID per slot.
+func TableOf(ids []uint32) Table {
+	var t Table
+	index := map[uint32]uint16{}
+	t.Slots = make([]uint16, len(ids))
+	for i, id := range ids {
+		x, ok := index[id]
+		if !ok {
+			x = uint16(len(t.Backends))
+			index[id] = x
+			t.Backends = append(t.Backends, id)
+		}
+		t.Slots[i] = x
+	}
+	return t
+}
+
+// IDs returns the backend ID of each slot (0 for an index out of range).
+func (t Table) IDs() []uint32 {
+	out := make([]uint32, len(t.Slots))
+	for i, x := range t.Slots {
+		if int(x) < len(t.Backends) {
+			out[i] = t.Backends[x]
+		}
+	}
+	return out
+}
+
+// Shares counts the slots of each backend ID.
+func (t Table) Shares() map[uint32]uint32 {
+	counts := make([]uint32, len(t.Backends))
+	for _, x := range t.Slots {
+		if int(x) < len(counts) {
+			counts[x]++
+		}
+	}
+	out := make(map[uint32]uint32, len(counts))
+	for i, c := range counts {
+		if c > 0 {
+			out[t.Backends[i]] += c
+		}
+	}
+	return out
+}
+
+// Checksum is the checksum of the backend IDs of the slots (FNV-1a of their
+// little-endian bytes), which the map's head records: equal for equal slots whatever
+// the indexes.
+func (t Table) Checksum() uint64 {
+	const prime = 1099511628211
+	h := uint64(14695981039346656037)
+	for _, x := range t.Slots {
+		var id uint32
+		if int(x) < len(t.Backends) {
+			id = t.Backends[x]
+		}
+		for range 4 {
+			h = (h ^ uint64(id&0xff)) * prime
+			id >>= 8
+		}
+	}
+	return h
 }
 
 // TableState is what a service's table map holds.
 type TableState struct {
-	// Slots is the active half, as backend IDs.
-	Slots []uint32
-	// Digest and Checksum are what the writer recorded: the table's Digest and the
-	// checksum of its slots.
-	Digest, Checksum uint64
+	// Table is the active half; its Backends are all the map's backend indexes.
+	Table
+	// Checksum is what the writer recorded (Table.Digest the digest).
+	Checksum uint64
 	// Intact reports that the active half matches Checksum and every slot refers to
-	// a backend index in use.
+	// a backend index that holds one.
 	Intact bool
-	// Backends is the number of backend indexes of the map.
-	Backends int
 	// MapID identifies the map (it changes when the map is replaced).
 	MapID ebpf.MapID
 }
@@ -116,17 +178,6 @@ func tableShape(m uint32, backends int) (idElems, halfElems uint32) {
 	return uint32(max(backends, 1)+idsPerElem-1) / idsPerElem, (m + slotsPerElem - 1) / slotsPerElem
 }
 
-// TableChecksum is the checksum of a table's slots that its map's head records.
-func TableChecksum(slots []uint32) uint64 {
-	h := fnv.New64a()
-	var b [4]byte
-	for _, id := range slots {
-		binary.LittleEndian.PutUint32(b[:], id)
-		h.Write(b[:])
-	}
-	return h.Sum64()
-}
-
 // tableHead is element 0. The programs read size and idElems only.
 type tableHead struct {
 	size, idElems    uint32 // size with the half bit
@@ -153,6 +204,12 @@ func (h tableHead) halfStart(half uint32) uint32 {
 }
 
 func (h tableHead) active() uint32 { return h.size >> 31 }
+
+// fits reports whether a map of n elements has this head's layout and shape.
+func (h tableHead) fits(n uint32) bool {
+	m := h.m()
+	return h.layout == tableLayout && m != 0 && n == 1+h.idElems+2*((m+slotsPerElem-1)/slotsPerElem)
+}
 
 func slotOf(elems []tableElem, start, i uint32) uint16 {
 	w := elems[start+i/slotsPerElem][(i%slotsPerElem)/2]
@@ -182,33 +239,27 @@ func (d *Datapath) NewTable(serviceID uint32, t Table) (*PendingTable, error) {
 		return nil, fmt.Errorf("new maglev table: service ID %d: %w", serviceID, ErrRange)
 	}
 	m := uint32(len(t.Slots))
-	if m == 0 || m > MaxTableSize {
-		return nil, fmt.Errorf("new maglev table: size %d: %w", m, ErrRange)
+	if m == 0 || m > MaxTableSize || len(t.Backends) == 0 || len(t.Backends) > 1<<16 {
+		return nil, fmt.Errorf("new maglev table: %d slots of %d backends: %w", m, len(t.Backends), ErrRange)
 	}
-	var ids []uint32
-	index := map[uint32]uint16{}
-	for _, id := range t.Slots {
-		if _, ok := index[id]; !ok {
-			if len(ids) > 0xffff {
-				return nil, fmt.Errorf("new maglev table: more than %d backends: %w", 0xffff+1, ErrRange)
-			}
-			index[id] = uint16(len(ids))
-			ids = append(ids, id)
+	for _, x := range t.Slots {
+		if int(x) >= len(t.Backends) {
+			return nil, fmt.Errorf("new maglev table: index %d of %d backends: %w", x, len(t.Backends), ErrRange)
 		}
 	}
-	idElems, halfElems := tableShape(m, max(t.Backends, len(ids)))
+	idElems, halfElems := tableShape(m, max(t.Indexes, len(t.Backends)))
 	n := 1 + idElems + 2*halfElems
 	elems := make([]tableElem, n)
-	h := tableHead{size: m, idElems: idElems, backends: uint32(len(ids)), digest: t.Digest,
-		checksum: TableChecksum(t.Slots), layout: tableLayout}
+	h := tableHead{size: m, idElems: idElems, backends: uint32(len(t.Backends)), digest: t.Digest,
+		checksum: t.Checksum(), layout: tableLayout}
 	elems[0] = h.elem()
-	for i, id := range ids {
+	for i, id := range t.Backends {
 		elems[1+i/idsPerElem][i%idsPerElem] = id
 	}
 	for half := range uint32(2) {
 		start := h.halfStart(half)
-		for i, id := range t.Slots {
-			setSlot(&elems[start+uint32(i)/slotsPerElem], uint32(i), index[id])
+		for i, x := range t.Slots {
+			setSlot(&elems[start+uint32(i)/slotsPerElem], uint32(i), x)
 		}
 	}
 	spec := d.maglevInner.Copy()
@@ -258,7 +309,7 @@ func (d *Datapath) InstallTables(tables []*PendingTable) error {
 func (d *Datapath) SetMaglevTables(tables map[uint32][]uint32) error {
 	pending := make([]*PendingTable, 0, len(tables))
 	for _, id := range slices.Sorted(maps.Keys(tables)) {
-		p, err := d.NewTable(id, Table{Slots: tables[id]})
+		p, err := d.NewTable(id, TableOf(tables[id]))
 		if err != nil {
 			for _, p := range pending {
 				p.Close()
@@ -275,163 +326,6 @@ func (d *Datapath) SetMaglevTables(tables map[uint32][]uint32) error {
 // table or the new one, never a mix.
 func (d *Datapath) SetMaglevTable(serviceID uint32, table []uint32) error {
 	return d.SetMaglevTables(map[uint32][]uint32{serviceID: table})
-}
-
-// ChangeTable changes a service's table in its current map, writing the backend
-// indexes and slots of the inactive half that differ, then flipping the head. It
-// returns how many elements it wrote, or an error wrapping ErrTableShape when the map
-// cannot take t (NewTable and InstallTables then can).
-func (d *Datapath) ChangeTable(serviceID uint32, t Table) (int, error) {
-	inner, err := d.tableMap(serviceID)
-	if err != nil {
-		return 0, err
-	}
-	if inner == nil {
-		return 0, fmt.Errorf("change maglev table: service %d has none: %w", serviceID, ErrTableShape)
-	}
-	defer inner.Close()
-	elems, err := readElems(inner)
-	if err != nil {
-		return 0, fmt.Errorf("change maglev table: %w", err)
-	}
-	h := parseHead(elems[0])
-	m := uint32(len(t.Slots))
-	if h.layout != tableLayout || h.m() != m || uint32(len(elems)) != 1+h.idElems+2*((m+slotsPerElem-1)/slotsPerElem) {
-		return 0, fmt.Errorf("change maglev table: size %d, map holds %d: %w", m, h.m(), ErrTableShape)
-	}
-	ids := make([]uint32, h.idElems*idsPerElem)
-	for i := range ids {
-		ids[i] = elems[1+i/idsPerElem][i%idsPerElem]
-	}
-	// Indexes the active half uses keep their backend; the others are free unless
-	// they already hold a backend of the new table.
-	used := make([]bool, len(ids))
-	start := h.halfStart(h.active())
-	for i := range m {
-		if s := slotOf(elems, start, i); int(s) < len(used) {
-			used[s] = true
-		}
-	}
-	want := map[uint32]int{}
-	for _, id := range t.Slots {
-		want[id] = -1
-	}
-	for i, id := range ids {
-		if w, ok := want[id]; ok && w < 0 {
-			want[id] = i
-		}
-	}
-	free := 0
-	var idWrites []uint32 // elements of the ID list to write
-	for _, id := range t.Slots {
-		if want[id] >= 0 {
-			continue
-		}
-		for free < len(ids) && (used[free] || wantedAt(want, ids[free], free)) {
-			free++
-		}
-		if free == len(ids) {
-			return 0, fmt.Errorf("change maglev table: more backends than the map's %d indexes: %w", len(ids), ErrTableShape)
-		}
-		ids[free], want[id], used[free] = id, free, true
-		e := uint32(1 + free/idsPerElem)
-		elems[e][free%idsPerElem] = id
-		if !slices.Contains(idWrites, e) {
-			idWrites = append(idWrites, e)
-		}
-	}
-	top := uint32(0)
-	for _, i := range want {
-		top = max(top, uint32(i)+1)
-	}
-	next := 1 - h.active()
-	start = h.halfStart(next)
-	var keys []uint32
-	var vals []tableElem
-	keys = append(keys, idWrites...)
-	for _, e := range idWrites {
-		vals = append(vals, elems[e])
-	}
-	for c := range (m + slotsPerElem - 1) / slotsPerElem {
-		e := elems[start+c]
-		for i := c * slotsPerElem; i < min(m, (c+1)*slotsPerElem); i++ {
-			setSlot(&e, i, uint16(want[t.Slots[i]]))
-		}
-		if e != elems[start+c] {
-			keys = append(keys, start+c)
-			vals = append(vals, e)
-		}
-	}
-	if len(keys) > 0 {
-		if _, err := inner.BatchUpdate(keys, vals, nil); err != nil {
-			return 0, fmt.Errorf("change maglev table: write: %w", err)
-		}
-	}
-	head := tableHead{size: next<<31 | m, idElems: h.idElems, backends: top, digest: t.Digest,
-		checksum: TableChecksum(t.Slots), layout: tableLayout}
-	if err := inner.Update(uint32(0), head.elem(), ebpf.UpdateExist); err != nil {
-		return 0, fmt.Errorf("change maglev table: flip: %w", err)
-	}
-	written := len(keys) + 1
-	d.writes.Add(uint64(written))
-	return written, nil
-}
-
-// wantedAt reports whether index i holds a backend of the new table (want maps the
-// new table's IDs to their index).
-func wantedAt(want map[uint32]int, id uint32, i int) bool {
-	w, ok := want[id]
-	return ok && w == i
-}
-
-// ReadTable returns what a service's table map holds, nil if it has none.
-func (d *Datapath) ReadTable(serviceID uint32) (*TableState, error) {
-	inner, err := d.tableMap(serviceID)
-	if err != nil || inner == nil {
-		return nil, err
-	}
-	defer inner.Close()
-	info, err := inner.Info()
-	if err != nil {
-		return nil, fmt.Errorf("read maglev table: %w", err)
-	}
-	st := &TableState{}
-	st.MapID, _ = info.ID()
-	elems, err := readElems(inner)
-	if err != nil {
-		return nil, fmt.Errorf("read maglev table: %w", err)
-	}
-	h := parseHead(elems[0])
-	m := h.m()
-	if h.layout != tableLayout || m == 0 || uint32(len(elems)) != 1+h.idElems+2*((m+slotsPerElem-1)/slotsPerElem) {
-		return st, nil
-	}
-	st.Digest, st.Checksum, st.Backends = h.digest, h.checksum, int(h.idElems*idsPerElem)
-	st.Slots = make([]uint32, m)
-	start := h.halfStart(h.active())
-	ok := true
-	for i := range m {
-		s := uint32(slotOf(elems, start, i))
-		if s >= h.idElems*idsPerElem {
-			ok = false
-			continue
-		}
-		st.Slots[i] = elems[1+s/idsPerElem][s%idsPerElem]
-	}
-	st.Intact = ok && TableChecksum(st.Slots) == h.checksum
-	return st, nil
-}
-
-// MaglevTable returns the table the datapath uses for a service, nil if none.
-func (d *Datapath) MaglevTable(serviceID uint32) ([]uint32, error) {
-	st, err := d.ReadTable(serviceID)
-	if err != nil || st == nil {
-		return nil, err
-	}
-	if st.Slots == nil {
-		return nil, fmt.Errorf("read maglev table of service %d: not a table of this version", serviceID)
-	}
-	return st.Slots, nil
 }
 
 // DeleteMaglevTable removes a service's table: new flows then get no backend.

@@ -39,14 +39,16 @@ func TestChangeTableInPlace(t *testing.T) {
 		return id
 	}
 	// 100 slots: four elements per half; room for 16 backend indexes.
-	p, err := e.d.NewTable(1, Table{Slots: fillTable(100, 1), Digest: 7, Backends: 3})
+	first := TableOf(fillTable(100, 1))
+	first.Digest, first.Indexes = 7, 3
+	p, err := e.d.NewTable(1, first)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := e.d.InstallTables([]*PendingTable{p}); err != nil {
 		t.Fatal(err)
 	}
-	first := mapID()
+	firstMap := mapID()
 	port := uint16(41000) // every flow new: conntrack would keep a known one
 	expectAll := func(want string) {
 		t.Helper()
@@ -78,7 +80,9 @@ func TestChangeTableInPlace(t *testing.T) {
 		{two, 2}, // one element differs from the table before last
 	} {
 		before := e.d.Writes()
-		n, err := e.d.ChangeTable(1, Table{Slots: c.slots, Digest: uint64(step)})
+		next := TableOf(c.slots)
+		next.Digest = uint64(step)
+		n, err := e.d.ChangeTable(1, next)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -89,15 +93,15 @@ func TestChangeTableInPlace(t *testing.T) {
 			expectAll(fmt.Sprintf("198.18.20.%d", c.slots[0]))
 		}
 		st, err := e.d.ReadTable(1)
-		if err != nil || !slices.Equal(st.Slots, c.slots) || !st.Intact || st.Digest != uint64(step) {
+		if err != nil || !slices.Equal(st.IDs(), c.slots) || !st.Intact || st.Digest != uint64(step) {
 			t.Fatalf("step %d: read back %+v %v", step, st, err)
 		}
-		if mapID() != first {
+		if mapID() != firstMap {
 			t.Fatalf("step %d: the table map was replaced", step)
 		}
 	}
 	mixed := fillTable(100, 1, 2)
-	if _, err := e.d.ChangeTable(1, Table{Slots: mixed}); err != nil {
+	if _, err := e.d.ChangeTable(1, TableOf(mixed)); err != nil {
 		t.Fatal(err)
 	}
 	seen := map[netip.Addr]bool{}
@@ -114,7 +118,7 @@ func TestChangeTableInPlace(t *testing.T) {
 		many[i] = uint32(1 + i%17)
 	}
 	for _, bad := range [][]uint32{many, fillTable(101, 3)} {
-		if _, err := e.d.ChangeTable(1, Table{Slots: bad}); !errors.Is(err, ErrTableShape) {
+		if _, err := e.d.ChangeTable(1, TableOf(bad)); !errors.Is(err, ErrTableShape) {
 			t.Fatalf("change to %d slots of %d backends: %v, want ErrTableShape", len(bad), len(slices.Compact(slices.Sorted(slices.Values(bad)))), err)
 		}
 	}
@@ -124,7 +128,7 @@ func TestChangeTableInPlace(t *testing.T) {
 	if err := e.d.SetMaglevTable(1, fillTable(7, 3)); err != nil {
 		t.Fatal(err)
 	}
-	if mapID() == first {
+	if mapID() == firstMap {
 		t.Fatal("a new table did not get a new map")
 	}
 	expectAll("198.18.20.3")

@@ -71,13 +71,16 @@ func (m *Manager) writeTables(plans []*plan) {
 // several goroutines at once, each on its own plan.
 func (m *Manager) writeTable(p *plan) {
 	want := &p.want.table
-	slots, err := maglev.Build(want.usable, want.size)
+	slots, err := maglev.BuildIndexed(want.usable, want.size)
 	if err != nil {
 		p.err = fmt.Errorf("maglev: %w", err)
 		return
 	}
-	want.shares, want.present = shares(slots), true
-	t := lbxdp.Table{Slots: slots, Digest: want.digest, Backends: want.indexes}
+	t := lbxdp.Table{Backends: make([]uint32, len(want.usable)), Slots: slots, Digest: want.digest, Indexes: want.indexes}
+	for i, b := range want.usable {
+		t.Backends[i] = b.ID
+	}
+	want.shares, want.present = t.Shares(), true
 	if p.old.table.size == want.size {
 		_, err := m.lb.ChangeTable(p.want.svc.ID, t)
 		if !errors.Is(err, lbxdp.ErrTableShape) {
@@ -105,15 +108,6 @@ func parallel(n int, fn func(i int)) {
 	}
 	close(next)
 	wg.Wait()
-}
-
-// shares counts each backend's slots in a table.
-func shares(table []uint32) map[uint32]uint32 {
-	out := map[uint32]uint32{}
-	for _, id := range table {
-		out[id]++
-	}
-	return out
 }
 
 // adoptProgrammed reads what an earlier daemon left in the maps, so that Sync writes
@@ -147,7 +141,7 @@ func (m *Manager) adoptProgrammed() error {
 		case !st.Intact:
 			p.table.present = true
 		default:
-			p.table = tableInfo{size: uint32(len(st.Slots)), digest: st.Digest, shares: shares(st.Slots), present: true}
+			p.table = tableInfo{size: uint32(len(st.Slots)), digest: st.Digest, shares: st.Shares(), present: true}
 		}
 	})
 	if err := errors.Join(errs...); err != nil {

@@ -219,26 +219,46 @@ func Validate(backends []Backend, m uint32) error {
 // not depend on the order of backends. Every backend of weight w holds at
 // least w slots. With no backends it returns a nil table and ErrNoBackends.
 func Build(backends []Backend, m uint32) ([]uint32, error) {
+	idx, err := BuildIndexed(backends, m)
+	if err != nil {
+		return nil, err
+	}
+	table := make([]uint32, m)
+	for i, x := range idx {
+		table[i] = backends[x].ID
+	}
+	return table, nil
+}
+
+// MaxIndexed is the most backends BuildIndexed takes: its slots are 16 bits.
+const MaxIndexed = 1 << 16
+
+// BuildIndexed is Build with each slot holding the backend's position in backends
+// rather than its ID: the datapath stores tables that way, 2 bytes a slot.
+func BuildIndexed(backends []Backend, m uint32) ([]uint16, error) {
 	if err := Validate(backends, m); err != nil {
 		return nil, err
 	}
 	if len(backends) == 0 {
 		return nil, ErrNoBackends
 	}
+	if len(backends) > MaxIndexed {
+		return nil, fmt.Errorf("%w: %d backends, more than %d", ErrInvalidBackend, len(backends), MaxIndexed)
+	}
 
 	type entry struct {
-		name string
-		id   uint32
+		name    string
+		backend uint16
 	}
 	var n int
 	for _, b := range backends {
 		n += int(b.Weight)
 	}
 	entries := make([]entry, 0, n)
-	for _, b := range backends {
-		entries = append(entries, entry{b.Key, b.ID})
+	for i, b := range backends {
+		entries = append(entries, entry{b.Key, uint16(i)})
 		for r := uint32(2); r <= b.Weight; r++ {
-			entries = append(entries, entry{b.Key + ReplicaSeparator + strconv.FormatUint(uint64(r), 10), b.ID})
+			entries = append(entries, entry{b.Key + ReplicaSeparator + strconv.FormatUint(uint64(r), 10), uint16(i)})
 		}
 	}
 	// Validate made every name unique, so this order is total.
@@ -249,9 +269,9 @@ func Build(backends []Backend, m uint32) ([]uint32, error) {
 		names[i] = e.name
 	}
 	t := gomaglev.New(names, uint64(m))
-	table := make([]uint32, m)
+	table := make([]uint16, m)
 	for i := range table {
-		table[i] = entries[t.Lookup(uint64(i))].id
+		table[i] = entries[t.Lookup(uint64(i))].backend
 	}
 	return table, nil
 }
