@@ -106,9 +106,10 @@ func (t Table) Shares() map[uint32]uint32 {
 	return out
 }
 
-// Checksum is the checksum of the backend IDs of the slots (FNV-1a of their
-// little-endian bytes), which the map's head records: equal for equal slots whatever
-// the indexes.
+// Checksum is the checksum of the backend IDs of the slots, which the map's head
+// records: equal for equal slots whatever the indexes. It is FNV-1a taking a 32-bit
+// ID per step rather than a byte: it guards against slots changed behind the
+// daemon's back, not against an adversary.
 func (t Table) Checksum() uint64 {
 	const prime = 1099511628211
 	h := uint64(14695981039346656037)
@@ -117,10 +118,7 @@ func (t Table) Checksum() uint64 {
 		if int(x) < len(t.Backends) {
 			id = t.Backends[x]
 		}
-		for range 4 {
-			h = (h ^ uint64(id&0xff)) * prime
-			id >>= 8
-		}
+		h = (h ^ uint64(id)) * prime
 	}
 	return h
 }
@@ -256,12 +254,15 @@ func (d *Datapath) NewTable(serviceID uint32, t Table) (*PendingTable, error) {
 	for i, id := range t.Backends {
 		elems[1+i/idsPerElem][i%idsPerElem] = id
 	}
-	for half := range uint32(2) {
-		start := h.halfStart(half)
-		for i, x := range t.Slots {
-			setSlot(&elems[start+uint32(i)/slotsPerElem], uint32(i), x)
+	half0, half1 := h.halfStart(0), h.halfStart(1)
+	for i := 0; i < len(t.Slots); i += 2 {
+		w := uint32(t.Slots[i])
+		if i+1 < len(t.Slots) {
+			w |= uint32(t.Slots[i+1]) << 16
 		}
+		elems[half0+uint32(i)/slotsPerElem][(i%slotsPerElem)/2] = w
 	}
+	copy(elems[half1:], elems[half0:half1])
 	spec := d.maglevInner.Copy()
 	spec.MaxEntries = n
 	inner, err := ebpf.NewMap(spec)
