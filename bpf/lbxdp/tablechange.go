@@ -3,6 +3,7 @@
 package lbxdp
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 
@@ -129,17 +130,18 @@ func assignIndexes(ids []uint32, elems []tableElem, h tableHead, backends []uint
 
 // ReadTable returns what a service's table map holds, nil if it has none.
 func (d *Datapath) ReadTable(serviceID uint32) (*TableState, error) {
-	inner, err := d.tableMap(serviceID)
-	if err != nil || inner == nil {
-		return nil, err
+	var id ebpf.MapID
+	if err := d.objs.LbMaglev.Lookup(serviceID, &id); errors.Is(err, ebpf.ErrKeyNotExist) {
+		return nil, nil
+	} else if err != nil {
+		return nil, fmt.Errorf("read maglev table: %w", err)
 	}
-	defer inner.Close()
-	info, err := inner.Info()
+	inner, err := ebpf.NewMapFromID(id)
 	if err != nil {
 		return nil, fmt.Errorf("read maglev table: %w", err)
 	}
-	st := &TableState{}
-	st.MapID, _ = info.ID()
+	defer inner.Close()
+	st := &TableState{MapID: id}
 	elems, err := readElems(inner)
 	if err != nil {
 		return nil, fmt.Errorf("read maglev table: %w", err)
