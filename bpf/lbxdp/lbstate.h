@@ -70,7 +70,7 @@ struct {
 	__type(key, __u32);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__array(values, struct lb_maglev_inner);
-} lb_maglev SEC(".maps");
+} lb_tables SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -107,7 +107,7 @@ LBD_INLINE __u32 lb_maglev_pick(const struct lb_service *svc, __u32 hash)
 	struct lb_table_elem *e;
 	void *table;
 
-	table = bpf_map_lookup_elem(&lb_maglev, &id);
+	table = bpf_map_lookup_elem(&lb_tables, &id);
 	if (!table)
 		return 0;
 	e = bpf_map_lookup_elem(table, &k);

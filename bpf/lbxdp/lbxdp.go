@@ -191,7 +191,7 @@ func Load(opts Options) (*Datapath, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Datapath{opts: opts, maglevInner: spec.Maps["lb_maglev"].InnerMap.Copy()}
+	d := &Datapath{opts: opts, maglevInner: spec.Maps["lb_tables"].InnerMap.Copy()}
 	err = spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{
 		Maps: ebpf.MapOptions{PinPath: opts.PinPath},
 	})
@@ -239,7 +239,7 @@ func (d *Datapath) StateMaps() map[string]*ebpf.Map {
 	return map[string]*ebpf.Map{
 		"lb_vips":     d.objs.LbVips,
 		"lb_services": d.objs.LbServices,
-		"lb_maglev":   d.objs.LbMaglev,
+		"lb_tables":   d.objs.LbTables,
 		"lb_backends": d.objs.LbBackends,
 		"lb_cfg":      d.objs.LbCfg,
 	}

@@ -83,7 +83,7 @@ struct lb_service_key {
 };
 
 struct lb_service {
-	__u32 id;               /* stable; indexes lb_maglev and lb_svc_stats */
+	__u32 id;               /* stable; indexes lb_tables and lb_svc_stats */
 	__u32 flags;            /* enum lb_svc_flag */
 	__u32 affinity_timeout; /* seconds */
 	__u32 pad;

@@ -183,11 +183,11 @@ const (
 	lbxdpMapLbCtStats   = "lb_ct_stats"
 	lbxdpMapLbDropStats = "lb_drop_stats"
 	lbxdpMapLbFibCache  = "lb_fib_cache"
-	lbxdpMapLbMaglev    = "lb_maglev"
 	lbxdpMapLbServices  = "lb_services"
 	lbxdpMapLbSrcRanges = "lb_src_ranges"
 	lbxdpMapLbSvcById   = "lb_svc_by_id"
 	lbxdpMapLbSvcStats  = "lb_svc_stats"
+	lbxdpMapLbTables    = "lb_tables"
 	lbxdpMapLbVipFilter = "lb_vip_filter"
 	lbxdpMapLbVips      = "lb_vips"
 	lbxdpProgLbXdp      = "lb_xdp"
@@ -252,11 +252,11 @@ type lbxdpMapSpecs struct {
 	LbCtStats   *ebpf.MapSpec `ebpf:"lb_ct_stats"`
 	LbDropStats *ebpf.MapSpec `ebpf:"lb_drop_stats"`
 	LbFibCache  *ebpf.MapSpec `ebpf:"lb_fib_cache"`
-	LbMaglev    *ebpf.MapSpec `ebpf:"lb_maglev"`
 	LbServices  *ebpf.MapSpec `ebpf:"lb_services"`
 	LbSrcRanges *ebpf.MapSpec `ebpf:"lb_src_ranges"`
 	LbSvcById   *ebpf.MapSpec `ebpf:"lb_svc_by_id"`
 	LbSvcStats  *ebpf.MapSpec `ebpf:"lb_svc_stats"`
+	LbTables    *ebpf.MapSpec `ebpf:"lb_tables"`
 	LbVipFilter *ebpf.MapSpec `ebpf:"lb_vip_filter"`
 	LbVips      *ebpf.MapSpec `ebpf:"lb_vips"`
 }
@@ -297,11 +297,11 @@ type lbxdpMaps struct {
 	LbCtStats   *ebpf.Map `ebpf:"lb_ct_stats"`
 	LbDropStats *ebpf.Map `ebpf:"lb_drop_stats"`
 	LbFibCache  *ebpf.Map `ebpf:"lb_fib_cache"`
-	LbMaglev    *ebpf.Map `ebpf:"lb_maglev"`
 	LbServices  *ebpf.Map `ebpf:"lb_services"`
 	LbSrcRanges *ebpf.Map `ebpf:"lb_src_ranges"`
 	LbSvcById   *ebpf.Map `ebpf:"lb_svc_by_id"`
 	LbSvcStats  *ebpf.Map `ebpf:"lb_svc_stats"`
+	LbTables    *ebpf.Map `ebpf:"lb_tables"`
 	LbVipFilter *ebpf.Map `ebpf:"lb_vip_filter"`
 	LbVips      *ebpf.Map `ebpf:"lb_vips"`
 }
@@ -318,11 +318,11 @@ func (m *lbxdpMaps) Close() error {
 		m.LbCtStats,
 		m.LbDropStats,
 		m.LbFibCache,
-		m.LbMaglev,
 		m.LbServices,
 		m.LbSrcRanges,
 		m.LbSvcById,
 		m.LbSvcStats,
+		m.LbTables,
 		m.LbVipFilter,
 		m.LbVips,
 	)

@@ -16,6 +16,12 @@ import (
 // until the new ones replace them; AdoptLegacyConntrack carries its flows over.
 const LegacyConntrackName = "lb_conntrack"
 
+// LegacyTablesName is the pinned name of the outer Maglev map lbd used before tables
+// held 2-byte indexes (lb_tables now): its inner maps have 8-byte slots, a layout the
+// current programs cannot read. Nothing is carried over (Sync rebuilds the tables);
+// its pin is removed once the old programs are replaced, which frees its tables.
+const LegacyTablesName = "lb_maglev"
+
 // legacyCT is that map's value.
 type legacyCT struct {
 	CreatedNs  uint64

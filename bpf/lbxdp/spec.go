@@ -20,7 +20,7 @@ func Spec(opts Options) (*ebpf.CollectionSpec, error) {
 		"lb_vips":       opts.MaxServices,
 		"lb_services":   opts.MaxServices,
 		"lb_svc_by_id":  opts.MaxServices,
-		"lb_maglev":     opts.MaxServices,
+		"lb_tables":     opts.MaxServices,
 		"lb_svc_stats":  opts.MaxServices,
 		"lb_backends":   opts.MaxBackends,
 		"lb_be_stats":   opts.MaxBackends,

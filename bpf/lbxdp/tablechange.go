@@ -131,7 +131,7 @@ func assignIndexes(ids []uint32, elems []tableElem, h tableHead, backends []uint
 // ReadTable returns what a service's table map holds, nil if it has none.
 func (d *Datapath) ReadTable(serviceID uint32) (*TableState, error) {
 	var id ebpf.MapID
-	if err := d.objs.LbMaglev.Lookup(serviceID, &id); errors.Is(err, ebpf.ErrKeyNotExist) {
+	if err := d.objs.LbTables.Lookup(serviceID, &id); errors.Is(err, ebpf.ErrKeyNotExist) {
 		return nil, nil
 	} else if err != nil {
 		return nil, fmt.Errorf("read maglev table: %w", err)

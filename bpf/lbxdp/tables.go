@@ -298,7 +298,7 @@ func (d *Datapath) InstallTables(tables []*PendingTable) error {
 	for i, t := range tables {
 		ids[i], fds[i] = t.serviceID, uint32(t.m.FD())
 	}
-	if _, err := d.objs.LbMaglev.BatchUpdate(ids, fds, nil); err != nil {
+	if _, err := d.objs.LbTables.BatchUpdate(ids, fds, nil); err != nil {
 		return fmt.Errorf("install %d maglev tables: %w", len(tables), err)
 	}
 	d.writes.Add(uint64(len(tables)))
@@ -331,7 +331,7 @@ func (d *Datapath) SetMaglevTable(serviceID uint32, table []uint32) error {
 
 // DeleteMaglevTable removes a service's table: new flows then get no backend.
 func (d *Datapath) DeleteMaglevTable(serviceID uint32) error {
-	err := d.objs.LbMaglev.Delete(serviceID)
+	err := d.objs.LbTables.Delete(serviceID)
 	if errors.Is(err, ebpf.ErrKeyNotExist) {
 		return nil
 	}
@@ -345,7 +345,7 @@ func (d *Datapath) DeleteMaglevTable(serviceID uint32) error {
 // tableMap opens a service's current table map, nil if it has none.
 func (d *Datapath) tableMap(serviceID uint32) (*ebpf.Map, error) {
 	var id ebpf.MapID
-	if err := d.objs.LbMaglev.Lookup(serviceID, &id); err != nil {
+	if err := d.objs.LbTables.Lookup(serviceID, &id); err != nil {
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			return nil, nil
 		}

@@ -33,7 +33,7 @@ func TestChangeTableInPlace(t *testing.T) {
 	e.addService(t, svcSetup{ServiceKey{vip4, 80, ProtoTCP}, Service{ID: 1}, nil})
 	mapID := func() uint32 {
 		var id uint32
-		if err := e.d.objs.LbMaglev.Lookup(uint32(1), &id); err != nil {
+		if err := e.d.objs.LbTables.Lookup(uint32(1), &id); err != nil {
 			t.Fatal(err)
 		}
 		return id

@@ -130,8 +130,8 @@ type socklbSkUdpKey struct {
 const (
 	socklbMapLbBackends      = "lb_backends"
 	socklbMapLbCfg           = "lb_cfg"
-	socklbMapLbMaglev        = "lb_maglev"
 	socklbMapLbServices      = "lb_services"
+	socklbMapLbTables        = "lb_tables"
 	socklbMapLbVips          = "lb_vips"
 	socklbMapSkAffinity      = "sk_affinity"
 	socklbMapSkPeer          = "sk_peer"
@@ -208,8 +208,8 @@ type socklbProgramSpecs struct {
 type socklbMapSpecs struct {
 	LbBackends   *ebpf.MapSpec `ebpf:"lb_backends"`
 	LbCfg        *ebpf.MapSpec `ebpf:"lb_cfg"`
-	LbMaglev     *ebpf.MapSpec `ebpf:"lb_maglev"`
 	LbServices   *ebpf.MapSpec `ebpf:"lb_services"`
+	LbTables     *ebpf.MapSpec `ebpf:"lb_tables"`
 	LbVips       *ebpf.MapSpec `ebpf:"lb_vips"`
 	SkAffinity   *ebpf.MapSpec `ebpf:"sk_affinity"`
 	SkPeer       *ebpf.MapSpec `ebpf:"sk_peer"`
@@ -246,8 +246,8 @@ func (o *socklbObjects) Close() error {
 type socklbMaps struct {
 	LbBackends   *ebpf.Map `ebpf:"lb_backends"`
 	LbCfg        *ebpf.Map `ebpf:"lb_cfg"`
-	LbMaglev     *ebpf.Map `ebpf:"lb_maglev"`
 	LbServices   *ebpf.Map `ebpf:"lb_services"`
+	LbTables     *ebpf.Map `ebpf:"lb_tables"`
 	LbVips       *ebpf.Map `ebpf:"lb_vips"`
 	SkAffinity   *ebpf.Map `ebpf:"sk_affinity"`
 	SkPeer       *ebpf.Map `ebpf:"sk_peer"`
@@ -260,8 +260,8 @@ func (m *socklbMaps) Close() error {
 	return _SocklbClose(
 		m.LbBackends,
 		m.LbCfg,
-		m.LbMaglev,
 		m.LbServices,
+		m.LbTables,
 		m.LbVips,
 		m.SkAffinity,
 		m.SkPeer,

@@ -81,3 +81,26 @@ func (m *Manager) finishLegacyConntrack() error {
 		"copied_after_switch", w, "present", present, "took", time.Since(start))
 	return nil
 }
+
+// removeLegacyTables removes the former Maglev map's pin (lbxdp.LegacyTablesName), once
+// no program of this lbd can use it: the old programs that read it go with their last
+// reference, and its tables (up to 1 MiB of locked memory each) with them.
+func (m *Manager) removeLegacyTables() error {
+	path := filepath.Join(m.cfg.lbDir(), lbxdp.LegacyTablesName)
+	old, err := ebpf.LoadPinnedMap(path, nil)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("open former maglev tables %s: %w", path, err)
+	}
+	defer old.Close()
+	if old.Type() != ebpf.ArrayOfMaps {
+		return fmt.Errorf("pinned map %s is not lbd's former maglev tables (%v): remove it", path, old.Type())
+	}
+	if err := old.Unpin(); err != nil {
+		return fmt.Errorf("remove former maglev tables %s: %w", path, err)
+	}
+	m.log.Info("former maglev tables removed", "op", "migrate", "map", lbxdp.LegacyTablesName)
+	return nil
+}

@@ -92,3 +92,44 @@ func TestUpgradeCarriesLegacyConntrack(t *testing.T) {
 		t.Errorf("former conntrack still pinned: %v", err)
 	}
 }
+
+// TestUpgradeRemovesLegacyTables: a node upgraded from an lbd whose Maglev tables had
+// 8-byte slots (outer map lb_maglev) starts with that pin removed, its tables freed with
+// it, and its services' tables rebuilt in lb_tables by the first sync.
+func TestUpgradeRemovesLegacyTables(t *testing.T) {
+	n := newNode(t)
+	m := n.open(t, n.config(1<<16))
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(n.bpffs, "lb")
+	// What the former lbd left: its outer map with one service's table.
+	inner := &ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 2*1021 + 1}
+	old, err := ebpf.NewMapWithOptions(&ebpf.MapSpec{Name: lbxdp.LegacyTablesName, Type: ebpf.ArrayOfMaps,
+		KeySize: 4, ValueSize: 4, MaxEntries: 16385, Pinning: ebpf.PinByName, InnerMap: inner},
+		ebpf.MapOptions{PinPath: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	table, err := ebpf.NewMap(inner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer table.Close()
+	if err := old.Put(uint32(1), table); err != nil {
+		t.Fatal(err)
+	}
+
+	m2 := n.open(t, n.config(1<<16))
+	if _, err := os.Stat(filepath.Join(dir, lbxdp.LegacyTablesName)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("former maglev tables still pinned: %v", err)
+	}
+	svcs := manyServices(1, 3, 0)
+	if _, err := m2.Sync(t.Context(), svcs); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := m2.lb.ReadTable(1); err != nil || st == nil || !st.Intact {
+		t.Fatalf("service 1's table after the upgrade: %+v, %v", st, err)
+	}
+}

@@ -212,6 +212,10 @@ func Open(cfg Config, log hclog.Logger) (*Manager, error) {
 		m.Close()
 		return nil, err
 	}
+	if err := m.removeLegacyTables(); err != nil {
+		m.Close()
+		return nil, err
+	}
 	m.attached = true
 	return m, nil
 }

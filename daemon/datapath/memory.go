@@ -32,7 +32,7 @@ func (m *Manager) TableBytes(svc *lbdv1.Service) uint64 {
 }
 
 // MapBytes is the kernel memory (memlock) of every map the loaded programs use, the
-// Maglev tables held in lb_maglev aside: the part of the node's BPF memory that the
+// Maglev tables held in lb_tables aside: the part of the node's BPF memory that the
 // configuration sizes, whatever the services.
 func (m *Manager) MapBytes() (uint64, error) {
 	var progs []*ebpf.Program
