@@ -102,10 +102,10 @@ type Manager struct {
 	programmed map[uint32]*programmed
 	// orphans are backends found in adopted maps, until the first Sync.
 	orphans map[uint32]lbxdp.Backend
-	// nodes counts the backends in the maps by node; trackedNodes is the set last
-	// handed to the next-hop tracker (nexthops.go).
+	// nodes counts the backends in the maps by node; nodesChanged says that the set
+	// changed since it was last handed to the next-hop tracker (nexthops.go).
 	nodes        map[netip.Addr]int
-	trackedNodes []netip.Addr
+	nodesChanged bool
 	// verifyNext is the service ID the next periodic verification of tables starts at.
 	verifyNext uint32
 	// migrations are the maps Open rebuilds: copied before the programs are switched,

@@ -86,25 +86,27 @@ func ReleaseNeighbours(ctx context.Context, record string) error {
 // refer to. Caller holds mu.
 func (m *Manager) track(p *programmed, delta int) {
 	for _, b := range p.backends {
-		n := m.nodes[b.Node] + delta
-		if n > 0 {
+		had, ok := m.nodes[b.Node]
+		n := had + delta
+		switch {
+		case n > 0:
 			m.nodes[b.Node] = n
-		} else {
+			m.nodesChanged = m.nodesChanged || !ok
+		case ok:
 			delete(m.nodes, b.Node)
+			m.nodesChanged = true
 		}
 	}
 }
 
 // syncNodes hands the tracker the node of every backend in the maps when that set
-// changed. Caller holds mu.
+// changed: a change that keeps the set (a weight, a drain) costs nothing here, where
+// sorting every node each time was a fifth of a weight change at 10,000 services.
+// Caller holds mu.
 func (m *Manager) syncNodes() {
-	if m.nh == nil || !m.attached {
+	if m.nh == nil || !m.attached || !m.nodesChanged {
 		return
 	}
-	nodes := slices.SortedFunc(maps.Keys(m.nodes), netip.Addr.Compare)
-	if slices.Equal(nodes, m.trackedNodes) {
-		return
-	}
-	m.trackedNodes = nodes
-	m.nh.SetNodes(nodes)
+	m.nodesChanged = false
+	m.nh.SetNodes(slices.SortedFunc(maps.Keys(m.nodes), netip.Addr.Compare))
 }
