@@ -51,14 +51,20 @@ func TestScale(t *testing.T) {
 	svcMem, learned, maps := n.mapMemory()
 	t.Logf("lbd RSS %.0f MiB; %d maps: %.1f MiB for the services, %.1f MiB of conntrack", float64(n.rssBytes())/mib, maps, float64(svcMem)/mib, float64(learned)/mib)
 
-	r := n.restart(svcs)
-	t.Logf("restart: API answered after %v, a trace after %v, ready after %v", r.api, r.trace, r.ready)
+	r := n.restart(svcs, true)
+	t.Logf("restart: API answered after %v, a trace after %v, ready after %v; the drain meanwhile, %d map writes", r.api, r.trace, r.ready, r.writes)
 	if r.drain == nil {
 		t.Error("no drain was tried while the node restarted")
 	} else if *r.drain != nil {
 		t.Errorf("a drain right after the API answered: %v", *r.drain)
 	}
 	n.traceSample(svcs, 20)
+	// Restarted again with the state as the maps hold it (the drain was undone): the
+	// first sync finds every table as it should be and writes nothing.
+	if r = n.restart(svcs, false); r.writes != 0 {
+		t.Errorf("the sync after a restart wrote %d map entries, want none", r.writes)
+	}
+	t.Logf("restart without a change: ready after %v, %d map writes", r.ready, r.writes)
 
 	for _, format := range []string{"table", "json"} {
 		d, out := n.lbctlList(format)
@@ -85,7 +91,8 @@ func TestScale(t *testing.T) {
 // ApplyServices call into an empty lbd until the maps hold every service (s-to-maps,
 // with the default and with explicit 65,537-slot tables), lbd's RSS and the map memory
 // then (rss-MiB, maps-MiB, conntrack-MiB apart); a restart that keeps the pins (api-s,
-// trace-s, ready-s, and the RSS and map memory after it, also as ratios to before:
+// trace-s, ready-s; the map entries its first sync wrote, writes, which must be none;
+// and the RSS and map memory after it, also as ratios to before:
 // x-rss, x-maps); `lbctl service list` (table-s, json-s); and 100 watchers while 1,000
 // changes stream (watch-s, rss-growth-MiB).
 func BenchmarkScale(b *testing.B) {
@@ -130,10 +137,15 @@ func BenchmarkScale(b *testing.B) {
 		node.tb = b
 		var sum restartRun
 		var rss, maps float64
+		var writes uint64
 		rssBefore := float64(node.rssBytes())
 		mapsBefore, _, _ := node.mapMemory()
 		for b.Loop() {
-			r := node.restart(svcs)
+			r := node.restart(svcs, false)
+			if r.writes != 0 {
+				b.Fatalf("the sync after a restart wrote %d map entries, want none", r.writes)
+			}
+			writes += r.writes
 			sum.api, sum.trace, sum.ready = sum.api+r.api, sum.trace+r.trace, sum.ready+r.ready
 			b.StopTimer()
 			m, _, _ := node.mapMemory()
@@ -145,6 +157,7 @@ func BenchmarkScale(b *testing.B) {
 		b.ReportMetric(sum.api.Seconds()/per, "api-s")
 		b.ReportMetric(sum.trace.Seconds()/per, "trace-s")
 		b.ReportMetric(sum.ready.Seconds()/per, "ready-s")
+		b.ReportMetric(float64(writes)/per, "writes")
 		b.ReportMetric(rss/per/mib, "rss-MiB")
 		b.ReportMetric(rss/per/rssBefore, "x-rss")
 		b.ReportMetric(maps/per/float64(mapsBefore), "x-maps")
@@ -178,16 +191,18 @@ func BenchmarkScale(b *testing.B) {
 
 // restartRun is what one restart took: until the API answered from the restored state,
 // until a trace answered, until the node was ready. drain is the result of a drain
-// asked right after the API answered (nil if none was asked).
+// asked right after the API answered (nil if none was asked); writes are the map
+// entries the first sync wrote, as lbd's log says.
 type restartRun struct {
 	api, trace, ready time.Duration
 	drain             *error
+	writes            uint64
 }
 
 // restart stops lbd with SIGTERM (the pins stay) and starts it again with the same state,
-// timing the API, a trace and readiness; in the test it also drains a backend as soon as
+// timing the API, a trace and readiness; with drain it also drains a backend as soon as
 // the API answers, and undrains it once ready.
-func (n *scaleNode) restart(svcs []*lbdv1.Service) restartRun {
+func (n *scaleNode) restart(svcs []*lbdv1.Service, drain bool) restartRun {
 	n.tb.Helper()
 	n.stop()
 	start := time.Now()
@@ -195,10 +210,10 @@ func (n *scaleNode) restart(svcs []*lbdv1.Service) restartRun {
 	var r restartRun
 	last := svcs[len(svcs)-1]
 	r.api = n.waitFor("the API after a restart", time.Minute, n.answers(last.Name)).Sub(start)
-	var drain error
-	if _, isTest := n.tb.(*testing.T); isTest {
-		drain = n.setState(last, lbdv1.BackendState_BACKEND_STATE_DRAINING)
-		r.drain = &drain
+	var drained error
+	if drain {
+		drained = n.setState(last, lbdv1.BackendState_BACKEND_STATE_DRAINING)
+		r.drain = &drained
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -208,7 +223,8 @@ func (n *scaleNode) restart(svcs []*lbdv1.Service) restartRun {
 	})
 	r.ready = n.waitFor("readiness after a restart", 10*time.Minute, n.ready).Sub(start)
 	wg.Wait()
-	if r.drain != nil && drain == nil {
+	r.writes = n.syncWrites()
+	if r.drain != nil && drained == nil {
 		if err := n.setState(last, lbdv1.BackendState_BACKEND_STATE_ACTIVE); err != nil {
 			n.tb.Fatal(err)
 		}

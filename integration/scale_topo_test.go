@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -97,6 +98,23 @@ func (n *scaleNode) start() {
 		"--hash-seed", hashSeed}, n.args...)
 	n.proc = testnet.Start(n.tb, "lbd-scale", filepath.Join(n.dir, "lbd.log"), n.ns.Command(argv...))
 }
+
+// syncWrites returns the map entries lbd's first sync wrote, from its log ("datapath
+// maps synced ... writes=N"); the node is ready, so the sync is over.
+func (n *scaleNode) syncWrites() uint64 {
+	n.tb.Helper()
+	m := syncedRE.FindStringSubmatch(n.proc.OwnLog())
+	if m == nil {
+		n.tb.Fatalf("lbd did not log its first sync:\n%s", n.proc.Tail(20))
+	}
+	w, err := strconv.ParseUint(m[1], 10, 64)
+	if err != nil {
+		n.tb.Fatal(err)
+	}
+	return w
+}
+
+var syncedRE = regexp.MustCompile(`datapath maps synced: .*\bwrites=(\d+)`)
 
 // stop sends SIGTERM (pins stay) and waits for lbd to exit.
 func (n *scaleNode) stop() {

@@ -130,6 +130,15 @@ func (p *Proc) WaitLog(tb testing.TB, want string, timeout time.Duration) {
 	}
 }
 
+// OwnLog returns the process's own part of the log: what it wrote since it started.
+func (p *Proc) OwnLog() string {
+	b, err := os.ReadFile(p.Log)
+	if err != nil || int64(len(b)) < p.logFrom {
+		return ""
+	}
+	return string(b[p.logFrom:])
+}
+
 // Tail returns the last n lines of the log.
 func (p *Proc) Tail(n int) string {
 	b, err := os.ReadFile(p.Log)
