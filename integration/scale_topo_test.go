@@ -41,7 +41,10 @@ var (
 
 // scaleNode is one lbd and its namespace.
 type scaleNode struct {
-	tb               testing.TB
+	tb testing.TB
+	// owner is the test or benchmark that made the node: lbd runs until it ends,
+	// across the sub-benchmarks (tb) that each restart it.
+	owner            testing.TB
 	ns               *testnet.NS
 	ifc              string
 	dir, bpffs, sock string
@@ -61,7 +64,7 @@ func newScaleNode(tb testing.TB, extra ...string) *scaleNode {
 	tb.Helper()
 	testnet.Require(tb, "ip", "nsenter")
 	sfx := testnet.Suffix(tb)
-	n := &scaleNode{tb: tb, ifc: "sclb" + sfx, args: extra}
+	n := &scaleNode{tb: tb, owner: tb, ifc: "sclb" + sfx, args: extra}
 	n.lbdBin, n.lbctlBin = binaries(tb)
 	n.ns = testnet.NewNS(tb, "sc-lb-"+sfx)
 	gw := testnet.NewNS(tb, "sc-gw-"+sfx)
@@ -96,7 +99,7 @@ func (n *scaleNode) start() {
 	argv := append([]string{n.lbdBin, "--role", "lb", "--interface", n.ifc, "--bpffs-dir", n.bpffs,
 		"--state-dir", filepath.Join(n.dir, "state"), "--socket", n.sock, "--metrics-listen", "",
 		"--hash-seed", hashSeed}, n.args...)
-	n.proc = testnet.Start(n.tb, "lbd-scale", filepath.Join(n.dir, "lbd.log"), n.ns.Command(argv...))
+	n.proc = testnet.Start(n.owner, "lbd-scale", filepath.Join(n.dir, "lbd.log"), n.ns.Command(argv...))
 }
 
 // syncWrites returns the map entries lbd's first sync wrote, from its log ("datapath
