@@ -75,6 +75,9 @@ func (a *app) backendAddCommand() *cobra.Command {
 		if err != nil {
 			return err
 		}
+		if cmd.Flags().Changed("weight") && weight == 0 {
+			return usageErrorf("--weight 0 is not a weight (1-256); add the backend with --state draining to send it no new flows")
+		}
 		b := &lbdv1.Backend{Address: ap.Addr().String(), Port: uint32(ap.Port()), NodeAddress: node, Weight: weight}
 		if cmd.Flags().Changed("state") {
 			b.State = lbdv1.BackendState(enumNumber(b.State.Descriptor(), state))
@@ -179,8 +182,11 @@ func (e *stateRefusedError) Error() string { return e.msg }
 
 func (a *app) backendSetWeightCommand() *cobra.Command {
 	return &cobra.Command{
-		Use:               "set-weight SERVICE ADDR:PORT WEIGHT",
-		Short:             "Change a backend's relative weight (1-256)",
+		Use:   "set-weight SERVICE ADDR:PORT WEIGHT",
+		Short: "Change a backend's relative weight (1-256)",
+		Long: `Change a backend's relative weight, 1 to 256: its share of new flows is its weight over
+the sum of the weights of the usable backends. 0 is refused (lbd answers
+InvalidArgument): to send a backend no new flows, drain it.`,
 		Args:              exactArgs("SERVICE", "ADDR:PORT", "WEIGHT"),
 		ValidArgsFunction: a.completeArgs(a.completeServices, a.completeBackends),
 		RunE: a.run(func(ctx context.Context, _ *cobra.Command, args []string) error {

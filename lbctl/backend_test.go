@@ -82,9 +82,22 @@ func TestBackendCommands(t *testing.T) {
 	}
 
 	var updated lbdv1.Backend
+	var list0 lbdv1.ListBackendsResponse
 	parseJSON(t, ok(t, srv, "backend", "set-weight", "web", "198.18.1.10:8080", "3", "-o", "json"), &updated)
 	if updated.Address != "198.18.1.10" || updated.Weight != 3 {
 		t.Errorf("set-weight -o json printed %v", &updated)
+	}
+	// Weight 0 is refused by lbd, naming the field; the weight stays 3.
+	r = lbctl(t, srv, "backend", "set-weight", "web", "198.18.1.10:8080", "0")
+	if r.code != ExitError || r.stdout != "" ||
+		r.stderr != "lbctl: backend.weight: 0 is not a weight (1-256); to send a backend no new flows, drain it (state DRAINING) (code: InvalidArgument)\n" {
+		t.Errorf("set-weight 0: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	parseJSON(t, ok(t, srv, "backend", "list", "web", "-o", "json"), &list0)
+	for _, b := range list0.Backends {
+		if b.Address == "198.18.1.10" && b.Weight != 3 {
+			t.Errorf("set-weight 0 changed the weight to %d", b.Weight)
+		}
 	}
 	if out := ok(t, srv, "backend", "remove", "web", "198.18.1.2:80"); out != "backend 198.18.1.2:80 removed from service \"web\"\n" {
 		t.Errorf("remove printed %q", out)

@@ -73,6 +73,10 @@ func (a *app) bgpRoutesCommand() *cobra.Command {
 				return px.Bits() - py.Bits()
 			})
 			return a.print(resp, func(w io.Writer) {
+				if resp.NoSpeaker {
+					fmt.Fprintln(w, "No routes: this lbd runs no BGP speaker (no bgp section in its configuration).")
+					return
+				}
 				t := newTable(w)
 				row(t, "PREFIX", "NEXT HOP", "COMMUNITIES", "LARGE COMMUNITIES", "MED", "SERVICES")
 				for _, r := range resp.Routes {

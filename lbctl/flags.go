@@ -138,6 +138,9 @@ func parseBackendSpec(spec string) (*lbdv1.Backend, error) {
 			if err != nil {
 				return nil, usageErrorf("--backend %q: weight %q is not a number", spec, v)
 			}
+			if w == 0 {
+				return nil, usageErrorf("--backend %q: weight 0 is not a weight (1-256); add the backend with state=draining to send it no new flows", spec)
+			}
 			b.Weight = uint32(w)
 		case "state":
 			if !slices.Contains(enumLabels(stateDesc), v) {

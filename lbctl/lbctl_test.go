@@ -127,6 +127,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"service", "create", "x", "--vip", "203.0.113.1", "--port", "80", "--backend", "198.18.1.1"}, `"198.18.1.1" is not address:port`},
 		{[]string{"service", "create", "x", "--vip", "203.0.113.1", "--port", "80", "--backend", "198.18.1.1:80,color=red"}, `unknown key "color"`},
 		{[]string{"service", "create", "x", "--vip", "203.0.113.1", "--port", "80", "--backend", "198.18.1.1:80,weight=x"}, `weight "x" is not a number`},
+		{[]string{"service", "create", "x", "--vip", "203.0.113.1", "--port", "80", "--backend", "198.18.1.1:80,weight=0"}, `weight 0 is not a weight (1-256)`},
+		{[]string{"backend", "add", "web", "198.18.1.1:80", "--weight", "0"}, `--weight 0 is not a weight (1-256)`},
 		{[]string{"service", "create", "x", "--vip", "203.0.113.1", "--port", "80", "--health-check-path", "/"}, "--health-check-path needs a health check"},
 		{[]string{"service", "create", "x", "--vip", "203.0.113.1", "--port", "80", "--health-check", "none", "--health-check-rise", "2"}, "--health-check-rise contradicts --health-check none"},
 		{[]string{"service", "create", "x", "--vip", "203.0.113.1", "--port", "80", "--health-check", "http", "--health-check-status", "2xx"}, `--health-check-status "2xx" is not N or MIN-MAX`},

@@ -54,6 +54,18 @@ func TestVersion(t *testing.T) {
 	if v.Fields["serverVersion"].GetStringValue() != apitestVersion || v.Fields["clientVersion"].GetStringValue() != clientVersion() {
 		t.Errorf("version -o json: %v", &v)
 	}
+	// Without a daemon, lbctl prints its own version, says why there is no other, and
+	// succeeds.
+	rows = table(t, ok(t, "unix:///nonexistent/lbd.sock", "--timeout", "2s", "version"))
+	if len(rows) != 2 || rows[0][1] != clientVersion() || rows[1][0] != "Server:" ||
+		!strings.HasPrefix(strings.Join(rows[1][1:], " "), "unreachable (cannot reach lbd at unix:///nonexistent/lbd.sock: ") {
+		t.Errorf("version without a daemon: %v", rows)
+	}
+	var unreachable map[string]string
+	if err := json.Unmarshal([]byte(ok(t, "/nonexistent/lbd.sock", "version", "-o", "json")), &unreachable); err != nil ||
+		unreachable["clientVersion"] != clientVersion() || unreachable["serverError"] == "" || len(unreachable) != 2 {
+		t.Errorf("version -o json without a daemon: %v (%v)", unreachable, err)
+	}
 	// --client needs no server.
 	out := ok(t, "unix:///nonexistent/lbd.sock", "version", "--client", "-o", "json")
 	var m map[string]string

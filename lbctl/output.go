@@ -23,6 +23,7 @@ import (
 
 // jsonOptions gives the canonical proto JSON mapping with enum names. Default values are
 // emitted so that scripts find every field (a port 0 or weight 0 is not a missing key).
+// canonicalJSON fixes the spacing of its output.
 var jsonOptions = protojson.MarshalOptions{Multiline: true, Indent: "  ", EmitDefaultValues: true}
 
 // print writes m in the -o format: JSON and YAML print the message itself, table calls
@@ -32,9 +33,9 @@ func (a *app) print(m proto.Message, table func(w io.Writer)) error {
 		table(&a.out)
 		return nil
 	}
-	b, err := jsonOptions.Marshal(m)
+	b, err := canonicalJSON(m, true)
 	if err != nil {
-		return fmt.Errorf("encode JSON: %w", err)
+		return err
 	}
 	if a.opts.output == "yaml" {
 		if b, err = yaml.JSONToYAML(b); err != nil {

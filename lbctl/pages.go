@@ -88,9 +88,9 @@ func (p *pagePrinter) add(items []proto.Message) error {
 
 // encode is one item in the output format (JSON or YAML).
 func (p *pagePrinter) encode(m proto.Message) ([]byte, error) {
-	b, err := jsonOptions.Marshal(m)
+	b, err := canonicalJSON(m, true)
 	if err != nil {
-		return nil, fmt.Errorf("encode JSON: %w", err)
+		return nil, err
 	}
 	if p.a.opts.output == "yaml" {
 		if b, err = yaml.JSONToYAML(b); err != nil {

@@ -2,6 +2,8 @@ package lbctl
 
 import (
 	"bufio"
+	"bytes"
+	"encoding/json"
 	"io"
 	"slices"
 	"strconv"
@@ -195,3 +197,31 @@ func itoa(i int) string { return strconv.Itoa(i) }
 
 // fields are the cells of a table row.
 func fields(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// TestCanonicalJSON: JSON output has one fixed layout (protojson varies its spacing on
+// purpose), the same as encoding/json's indentation of it, and the version's exactly.
+func TestCanonicalJSON(t *testing.T) {
+	t.Parallel()
+	srv := apitest.Start(t)
+	ok(t, srv, "service", "create", "web", "--vip", "203.0.113.10", "--port", "80", "--backend", "198.18.1.10:80")
+	for _, args := range [][]string{
+		{"service", "get", "web", "-o", "json"},
+		{"service", "list", "-o", "json"},
+		{"backend", "list", "web", "-o", "json"},
+	} {
+		out := ok(t, srv, args...)
+		var compact, indented bytes.Buffer
+		if err := json.Compact(&compact, []byte(out)); err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		if err := json.Indent(&indented, compact.Bytes(), "", "  "); err != nil {
+			t.Fatal(err)
+		}
+		if want := indented.String() + "\n"; out != want {
+			t.Errorf("%v printed\n%s\nwant the layout\n%s", args, out, want)
+		}
+	}
+	if got, want := ok(t, srv, "version", "--client", "-o", "json"), "{\n  \"clientVersion\": \""+clientVersion()+"\"\n}\n"; got != want {
+		t.Errorf("version --client -o json: %q, want %q", got, want)
+	}
+}

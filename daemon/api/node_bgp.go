@@ -196,7 +196,8 @@ func (s *Server) DeleteBgpPeer(_ context.Context, r *lbdv1.DeleteBgpPeerRequest)
 // ListBgpRoutes implements lbdv1.BgpServiceServer.
 func (s *Server) ListBgpRoutes(ctx context.Context, _ *lbdv1.ListBgpRoutesRequest) (*lbdv1.ListBgpRoutesResponse, error) {
 	if s.opts.BGP == nil {
-		return nil, status.Error(codes.Unimplemented, "ListBgpRoutes: this lbd runs no BGP speaker (no bgp section in its configuration), so it advertises no route")
+		// Like ListBgpPeers, an answer: a node without a speaker advertises nothing.
+		return &lbdv1.ListBgpRoutesResponse{NoSpeaker: true}, nil
 	}
 	routes, err := s.opts.BGP.Routes(ctx)
 	if err != nil {

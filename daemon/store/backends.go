@@ -126,6 +126,11 @@ func (s *Store) UpdateBackendFields(serviceName string, in *lbdv1.Backend, u Bac
 			return nil, invalid("update_mask", "%q is not one of %s", f, strings.Join(updatableBackendFields, ", "))
 		}
 	}
+	if slices.Contains(fields, "weight") && in.Weight == 0 {
+		// Elsewhere 0 means the default weight, 1; asked for by name, a weight of 0 is
+		// taken for "no new flows", which is what draining does.
+		return nil, invalid("backend.weight", "0 is not a weight (1-%d); to send a backend no new flows, drain it (state DRAINING)", maglev.MaxWeight)
+	}
 	key, err := parseBackendRef(in.Address, in.Port)
 	if err != nil {
 		return nil, err

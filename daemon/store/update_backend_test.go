@@ -53,6 +53,8 @@ func TestUpdateBackendFields(t *testing.T) {
 		msg  string
 	}{
 		{"unknown field", BackendUpdate{Fields: []string{"address"}}, codes.InvalidArgument, "update_mask"},
+		// The weight named with 0 is an error, not the default 1 (nor a drain).
+		{"weight 0", BackendUpdate{Fields: []string{"weight", "state"}}, codes.InvalidArgument, "backend.weight: 0 is not a weight (1-256); to send a backend no new flows, drain it"},
 		{"not from a draining backend", BackendUpdate{Fields: []string{"state"}, FromStates: []lbdv1.BackendState{lbdv1.BackendState_BACKEND_STATE_ACTIVE}},
 			codes.FailedPrecondition, "is BACKEND_STATE_DRAINING"},
 	} {

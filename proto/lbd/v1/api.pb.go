@@ -1219,7 +1219,9 @@ type UpdateBackendRequest struct {
 	// Identified by address and port; the fields update_mask names are replaced.
 	Backend *Backend `protobuf:"bytes,2,opt,name=backend,proto3" json:"backend,omitempty"`
 	// Fields of backend to replace: "node_address", "weight", "state". Empty replaces all
-	// three. Naming only the field to change keeps concurrent changes to the others.
+	// three. Naming only the field to change keeps concurrent changes to the others. A
+	// mask naming "weight" with a weight of 0 is INVALID_ARGUMENT (drain the backend to
+	// stop new flows), where an empty mask reads 0 as 1.
 	UpdateMask *fieldmaskpb.FieldMask `protobuf:"bytes,3,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
 	// If not empty, the update fails with FAILED_PRECONDITION unless the backend's stored
 	// state is one of these: a state change that only applies from some states (undrain
@@ -2466,8 +2468,11 @@ func (*ListBgpRoutesRequest) Descriptor() ([]byte, []int) {
 }
 
 type ListBgpRoutesResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Routes        []*BgpRoute            `protobuf:"bytes,1,rep,name=routes,proto3" json:"routes,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Routes []*BgpRoute            `protobuf:"bytes,1,rep,name=routes,proto3" json:"routes,omitempty"`
+	// This lbd runs no BGP speaker (no bgp section in its configuration): it advertises
+	// no route, and routes is empty.
+	NoSpeaker     bool `protobuf:"varint,2,opt,name=no_speaker,json=noSpeaker,proto3" json:"no_speaker,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2507,6 +2512,13 @@ func (x *ListBgpRoutesResponse) GetRoutes() []*BgpRoute {
 		return x.Routes
 	}
 	return nil
+}
+
+func (x *ListBgpRoutesResponse) GetNoSpeaker() bool {
+	if x != nil {
+		return x.NoSpeaker
+	}
+	return false
 }
 
 type GetNodeRequest struct {
@@ -3055,9 +3067,11 @@ const file_lbd_v1_api_proto_rawDesc = "" +
 	"\x14DeleteBgpPeerRequest\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\"\x17\n" +
 	"\x15DeleteBgpPeerResponse\"\x16\n" +
-	"\x14ListBgpRoutesRequest\"A\n" +
+	"\x14ListBgpRoutesRequest\"`\n" +
 	"\x15ListBgpRoutesResponse\x12(\n" +
-	"\x06routes\x18\x01 \x03(\v2\x10.lbd.v1.BgpRouteR\x06routes\"\x10\n" +
+	"\x06routes\x18\x01 \x03(\v2\x10.lbd.v1.BgpRouteR\x06routes\x12\x1d\n" +
+	"\n" +
+	"no_speaker\x18\x02 \x01(\bR\tnoSpeaker\"\x10\n" +
 	"\x0eGetNodeRequest\"3\n" +
 	"\x0fGetNodeResponse\x12 \n" +
 	"\x04node\x18\x01 \x01(\v2\f.lbd.v1.NodeR\x04node\"\x12\n" +

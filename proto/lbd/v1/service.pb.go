@@ -891,7 +891,7 @@ type Backend struct {
 	// Address of the node hosting the backend, used in the outer (Geneve) header; defaults to
 	// the backend address. May be of the other family than the VIP.
 	NodeAddress string `protobuf:"bytes,3,opt,name=node_address,json=nodeAddress,proto3" json:"node_address,omitempty"`
-	// Relative weight, 1-256; 0 means 1.
+	// Relative weight, 1-256; 0 means 1, except in an UpdateBackend whose mask names it.
 	Weight uint32       `protobuf:"varint,4,opt,name=weight,proto3" json:"weight,omitempty"`
 	State  BackendState `protobuf:"varint,5,opt,name=state,proto3,enum=lbd.v1.BackendState" json:"state,omitempty"`
 	// Output only. Stable identifier used by the datapath.
