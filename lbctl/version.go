@@ -34,7 +34,7 @@ its own version, says so (JSON: serverError instead of serverVersion) and exits 
 			switch code := status.Code(err); {
 			case err == nil:
 				fields["serverVersion"] = resp.GetNode().GetVersion()
-			case code == codes.Unavailable || code == codes.DeadlineExceeded:
+			case (code == codes.Unavailable || code == codes.DeadlineExceeded) && !a.opts.answered:
 				// No daemon to ask is an answer too: the client's version still holds.
 				fields["serverError"] = fmt.Sprintf("cannot reach lbd at %s: %s", a.opts.server, status.Convert(err).Message())
 			default:

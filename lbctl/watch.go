@@ -65,6 +65,9 @@ func (a *app) watchServices(ctx context.Context, owner string, keep func(*lbdv1.
 		default:
 			return err
 		}
+		// Streams bypass the interceptor that notes answers: an UNAVAILABLE from here
+		// on comes from lbd, not from failing to reach it.
+		a.opts.answered = true
 		if ev.Type == lbdv1.WatchEventType_WATCH_EVENT_TYPE_SYNCED {
 			err = synced()
 		} else if keep(ev.Service) {
