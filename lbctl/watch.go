@@ -103,13 +103,17 @@ func (a *app) printEvent(m proto.Message) error {
 	return nil
 }
 
-// canonicalJSON is m in the proto JSON mapping with a fixed layout: protojson varies its
-// spacing on purpose from build to build, so its output is re-spaced here, on one line or
-// indented by two spaces.
+// canonicalJSON is m in the proto JSON mapping with a fixed layout, 64-bit integers as
+// numbers where that is safe (numbersWhereSafe): protojson varies its spacing on purpose
+// from build to build, so its output is re-spaced here, on one line or indented by two
+// spaces.
 func canonicalJSON(m proto.Message, multiline bool) ([]byte, error) {
 	raw, err := jsonOptions.Marshal(m)
 	if err != nil {
 		return nil, fmt.Errorf("encode JSON: %w", err)
+	}
+	if raw, err = numbersWhereSafe(raw, m.ProtoReflect().Descriptor()); err != nil {
+		return nil, err
 	}
 	var out bytes.Buffer
 	if multiline {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/lbd-dev/lbd/daemon/apitest"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
@@ -223,5 +224,35 @@ func TestCanonicalJSON(t *testing.T) {
 	}
 	if got, want := ok(t, srv, "version", "--client", "-o", "json"), "{\n  \"clientVersion\": \""+clientVersion()+"\"\n}\n"; got != want {
 		t.Errorf("version --client -o json: %q, want %q", got, want)
+	}
+}
+
+// TestNumbersWhereSafe: 64-bit integers come out as JSON numbers up to 2^53 and as
+// strings above it, in nested messages, lists and the service's own fields; protobuf
+// reads the result back unchanged.
+func TestNumbersWhereSafe(t *testing.T) {
+	t.Parallel()
+	in := &lbdv1.GetStatsResponse{Reasons: []*lbdv1.Counter{
+		{Name: "a<b&c", Packets: 12, Bytes: 1 << 53},
+		{Name: "big", Packets: 1<<53 + 1, Bytes: 1<<64 - 1},
+	}}
+	b, err := canonicalJSON(in, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `"reasons":[{"name":"a<b&c","packets":12,"bytes":9007199254740992},` +
+		`{"name":"big","packets":"9007199254740993","bytes":"18446744073709551615"}]`
+	if !strings.Contains(string(b), want) {
+		t.Errorf("got  %s\nwant %s", b, want)
+	}
+	var back lbdv1.GetStatsResponse
+	if err := protojson.Unmarshal(b, &back); err != nil || !proto.Equal(&back, in) {
+		t.Errorf("read back: %v, %v", &back, err)
+	}
+
+	srv := apitest.Start(t)
+	ok(t, srv, "service", "create", "web", "--vip", "203.0.113.10", "--port", "80")
+	if out := ok(t, srv, "service", "get", "web", "-o", "json"); !strings.Contains(out, "\n  \"revision\": 1,\n") {
+		t.Errorf("service get -o json: revision is not the number 1:\n%s", out)
 	}
 }
