@@ -62,7 +62,7 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *flagValues) {
 	fs.SetOutput(stderr)
 	v := &flagValues{}
 	v.cfgPath = fs.String("config", "", "configuration file (YAML; see examples/lbd.yaml)")
-	v.check = fs.Bool("check-config", false, "validate the configuration and exit")
+	v.check = fs.Bool("check-config", false, "validate the configuration, check that its interfaces exist on this host and its addresses are assigned here, and exit")
 	v.version = fs.Bool("version", false, "print the version and exit")
 	v.logLevel = fs.String("log-level", "", "log level: trace, debug, info, warn, error (overrides the file)")
 	v.logJSON = fs.Bool("log-json", false, "log JSON lines (overrides the file)")

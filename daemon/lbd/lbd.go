@@ -63,6 +63,10 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if check {
+		if err := checkHost(cfg); err != nil {
+			fmt.Fprintf(stderr, "lbd: configuration does not fit this host:\n%v\n", err)
+			return 2
+		}
 		fmt.Fprintln(stdout, "configuration is valid")
 		return 0
 	}
