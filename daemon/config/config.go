@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -303,8 +304,12 @@ func Load(path string) (Config, error) {
 	if err != nil {
 		return c, fmt.Errorf("read config: %w", err)
 	}
-	if err := yaml.UnmarshalStrict(data, &c); err != nil {
+	doc, err := checkYAML(data, reflect.TypeOf(c))
+	if err != nil {
 		return c, fmt.Errorf("parse config %s: %w", path, err)
+	}
+	if err := yaml.UnmarshalStrict(data, &c); err != nil {
+		return c, fmt.Errorf("parse config %s: %w", path, typeErrorPosition(doc, err))
 	}
 	if err := c.Validate(); err != nil {
 		return c, fmt.Errorf("config %s: %w", path, err)

@@ -312,3 +312,23 @@ func TestStoreValidation(t *testing.T) {
 		t.Fatalf("a valid etcd store: %+v, %v", c.Store, err)
 	}
 }
+
+// TestLoadErrorPositions: every kind of mistake in the file is reported with its line
+// and column, and all unknown fields at once.
+func TestLoadErrorPositions(t *testing.T) {
+	for _, tc := range []struct{ yaml, want string }{
+		{"datapath:\n  interfaces: [eth0]\n  conntrack_sise: 5\nbogus: 1\n",
+			`line 3, column 3: unknown field "conntrack_sise" in datapath (known: bpffs_dir, conntrack_guard_rate, conntrack_size,`},
+		{"datapath:\n  interfaces: [eth0]\n  conntrack_sise: 5\nbogus: 1\n",
+			"\n" + `line 4, column 1: unknown field "bogus" at the top level (known: api, bgp, datapath,`},
+		{"bgp:\n  router_id: 198.18.0.11\n  peers:\n    - address: 198.18.0.1\n      peer_asn: 65000\n", `line 5, column 7: unknown field "peer_asn" in bgp.peers[0]`},
+		{"datapath:\n  gc_min_interval: 5x\n", `line 2, column 20: datapath.gc_min_interval: time: unknown unit "x"`},
+		{"datapath:\n  vni: \"two\"\n", "line 2, column 8: datapath.vni: a string value where a uint32 is expected"},
+		{"datapath:\n  vni: [\n", "yaml: line 2:"},
+	} {
+		_, err := config.Load(writeConfig(t, tc.yaml))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v\nwant an error containing %q", tc.yaml, err, tc.want)
+		}
+	}
+}
