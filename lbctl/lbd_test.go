@@ -1,6 +1,7 @@
 package lbctl
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -8,6 +9,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -95,6 +98,45 @@ func runBinary(t *testing.T, bin string, env []string, args ...string) result {
 		t.Fatalf("run lbctl: %v", err)
 	}
 	return result{code: cmd.ProcessState.ExitCode(), stdout: out.String(), stderr: errOut.String()}
+}
+
+// startBinaryWatch runs the lbctl binary in the background; its stdout arrives line by
+// line in the returned watchRun.
+func startBinaryWatch(t *testing.T, bin string, env []string, args ...string) *watchRun {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var errOut bytes.Buffer
+	cmd.Stderr = &errOut
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w := &watchRun{lines: make(chan timedLine, 1000), done: make(chan result, 1)}
+	exited := make(chan struct{})
+	go func() {
+		s := bufio.NewScanner(stdout)
+		for s.Scan() {
+			w.lines <- timedLine{s.Text(), time.Now()}
+		}
+		close(w.lines)
+		_ = cmd.Wait()
+		w.done <- result{code: cmd.ProcessState.ExitCode(), stderr: errOut.String()}
+		close(exited)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-exited:
+		default:
+			// The test failed before lbd stopped: end this process only.
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	})
+	return w
 }
 
 // waitReady polls the daemon with lbctl until it answers.
@@ -211,8 +253,27 @@ func TestRealDaemon(t *testing.T) {
 		t.Errorf("TCP without TLS flags: exit %d, stderr %q", r.code, r.stderr)
 	}
 
+	// A watch of the real daemon prints another client's change, and ends with exit 1
+	// when lbd stops.
+	watch := startBinaryWatch(t, lbctlBin, env, "service", "get", "web", "-w", "-o", "json")
+	watch.next(t, `"name":"web"`)
+	var lat []time.Duration
+	for i := 3; i < 13; i++ {
+		start := time.Now()
+		mustRun("backend", "set-weight", "web", "198.18.1.12:8443", strconv.Itoa(i))
+		l := watch.next(t, `"weight":`+strconv.Itoa(i)+`,`)
+		lat = append(lat, l.at.Sub(start))
+	}
+	slices.Sort(lat)
+	t.Logf("lbctl binary: a change by another lbctl printed after min %v, median %v, max %v (10 changes)", lat[0], lat[len(lat)/2], lat[len(lat)-1])
+	before.Reset()
+	parseJSON(t, mustRun("service", "get", "web", "-o", "json"), &before)
+
 	// The state survives a restart of the daemon.
 	d.stop(t)
+	if r := <-watch.done; r.code != ExitError || !strings.Contains(r.stderr, "shutting down") {
+		t.Errorf("watch when lbd stopped: exit %d, stderr %q", r.code, r.stderr)
+	}
 	if r := run("service", "list"); r.code != ExitError || !strings.HasSuffix(r.stderr, "(code: Unavailable)\n") {
 		t.Errorf("with lbd stopped: exit %d, stderr %q", r.code, r.stderr)
 	}
