@@ -271,7 +271,8 @@ func TestRealDaemon(t *testing.T) {
 
 	// The state survives a restart of the daemon.
 	d.stop(t)
-	if r := <-watch.done; r.code != ExitError || !strings.Contains(r.stderr, "shutting down") {
+	// lbd ends the watch with "lbd is shutting down", or its connection closes first.
+	if r := <-watch.done; r.code != ExitError || !strings.HasPrefix(r.stderr, "lbctl: lbd at ") || !strings.HasSuffix(r.stderr, "(code: Unavailable)\n") {
 		t.Errorf("watch when lbd stopped: exit %d, stderr %q", r.code, r.stderr)
 	}
 	if r := run("service", "list"); r.code != ExitError || !strings.HasSuffix(r.stderr, "(code: Unavailable)\n") {
