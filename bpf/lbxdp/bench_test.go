@@ -14,6 +14,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/lbd-dev/lbd/internal/pktgen"
+	"github.com/lbd-dev/lbd/internal/progrun"
 	"golang.org/x/sys/unix"
 )
 
@@ -44,28 +45,6 @@ func newHarness(b *testing.B, tp *topo) *harness {
 	return h
 }
 
-// testRunAttr is union bpf_attr as BPF_PROG_TEST_RUN reads it. cilium/ebpf's
-// Run does not return the kernel's duration, and Benchmark takes no context
-// (the ingress ifindex that the FIB lookup needs), hence the raw call.
-type testRunAttr struct {
-	progFD      uint32
-	retval      uint32
-	dataSizeIn  uint32
-	dataSizeOut uint32
-	dataIn      uint64
-	dataOut     uint64
-	repeat      uint32
-	duration    uint32
-	ctxSizeIn   uint32
-	ctxSizeOut  uint32
-	ctxIn       uint64
-	ctxOut      uint64
-	flags       uint32
-	cpu         uint32
-	batchSize   uint32
-	_           uint32
-}
-
 // testRunN runs prog repeat times on frame and returns the verdict of the last
 // run, the bytes it left and the kernel's mean time per run. The kernel times only
 // the loop around the program, and stops the clock while the thread yields the CPU
@@ -74,29 +53,32 @@ type testRunAttr struct {
 func testRunN(prog *ebpf.Program, frame []byte, ingress int, repeat uint32) (Verdict, []byte, float64, error) {
 	md := XDPMD{DataEnd: uint32(len(frame)), IngressIfindex: uint32(ingress)}
 	out := make([]byte, len(frame)+256)
-	attr := testRunAttr{
-		progFD:      uint32(prog.FD()),
-		dataSizeIn:  uint32(len(frame)),
-		dataSizeOut: uint32(len(out)),
-		dataIn:      uint64(uintptr(unsafe.Pointer(&frame[0]))),
-		dataOut:     uint64(uintptr(unsafe.Pointer(&out[0]))),
-		repeat:      repeat,
-		ctxSizeIn:   uint32(unsafe.Sizeof(md)),
-		ctxIn:       uint64(uintptr(unsafe.Pointer(&md))),
+	// The raw call (package progrun): cilium/ebpf's Run does not return the kernel's
+	// duration, and Benchmark takes no context (the ingress ifindex that the FIB lookup
+	// needs).
+	attr := progrun.Attr{
+		ProgFD:      uint32(prog.FD()),
+		DataSizeIn:  uint32(len(frame)),
+		DataSizeOut: uint32(len(out)),
+		DataIn:      uint64(uintptr(unsafe.Pointer(&frame[0]))),
+		DataOut:     uint64(uintptr(unsafe.Pointer(&out[0]))),
+		Repeat:      repeat,
+		CtxSizeIn:   uint32(unsafe.Sizeof(md)),
+		CtxIn:       uint64(uintptr(unsafe.Pointer(&md))),
 	}
 	for {
-		_, _, errno := unix.Syscall(unix.SYS_BPF, unix.BPF_PROG_TEST_RUN, uintptr(unsafe.Pointer(&attr)), unsafe.Sizeof(attr))
+		err := progrun.Run(&attr)
 		runtime.KeepAlive(frame)
 		runtime.KeepAlive(out)
 		runtime.KeepAlive(&md)
 		// A signal makes the kernel give up; it starts over, clock included.
-		if errno == unix.EINTR {
+		if errors.Is(err, unix.EINTR) {
 			continue
 		}
-		if errno != 0 {
-			return 0, nil, 0, fmt.Errorf("run program: %w", errno)
+		if err != nil {
+			return 0, nil, 0, fmt.Errorf("run program: %w", err)
 		}
-		return Verdict(attr.retval), out[:attr.dataSizeOut], float64(attr.duration), nil
+		return Verdict(attr.Retval), out[:attr.DataSizeOut], float64(attr.Duration), nil
 	}
 }
 

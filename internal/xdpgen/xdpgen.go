@@ -26,6 +26,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/lbd-dev/lbd/internal/pktgen"
+	"github.com/lbd-dev/lbd/internal/progrun"
 	"github.com/lbd-dev/lbd/internal/testnet"
 	"golang.org/x/sys/unix"
 )
@@ -421,50 +422,27 @@ type xdpMD struct {
 	EgressIfindex           uint32
 }
 
-// progRunAttr is union bpf_attr as BPF_PROG_RUN reads it. cilium/ebpf's Run restarts an
-// interrupted run with its whole repeat count; the raw call lets Send go on with what
-// is left.
-type progRunAttr struct {
-	progFD      uint32
-	retval      uint32
-	dataSizeIn  uint32
-	dataSizeOut uint32
-	dataIn      uint64
-	dataOut     uint64
-	repeat      uint32
-	duration    uint32
-	ctxSizeIn   uint32
-	ctxSizeOut  uint32
-	ctxIn       uint64
-	ctxOut      uint64
-	flags       uint32
-	cpu         uint32
-	batchSize   uint32
-	_           uint32
-}
-
 // run makes one live-frame run of repeat frames on the interface ifindex of the
 // calling thread's namespace.
 func (g *Gen) run(ifindex int, repeat uint32) error {
 	data := g.cfg.Frame
 	md := &xdpMD{DataEnd: uint32(len(data)), IngressIfindex: uint32(ifindex)}
-	attr := progRunAttr{
-		progFD:     uint32(g.objs.XgSend.FD()),
-		dataSizeIn: uint32(len(data)),
-		dataIn:     uint64(uintptr(unsafe.Pointer(&data[0]))),
-		repeat:     repeat,
-		ctxSizeIn:  uint32(unsafe.Sizeof(*md)),
-		ctxIn:      uint64(uintptr(unsafe.Pointer(md))),
-		flags:      unix.BPF_F_TEST_XDP_LIVE_FRAMES,
-		batchSize:  uint32(g.cfg.Batch),
+	// The raw call (package progrun): cilium/ebpf's Run restarts an interrupted run with
+	// its whole repeat count; Send goes on with what is left.
+	attr := progrun.Attr{
+		ProgFD:     uint32(g.objs.XgSend.FD()),
+		DataSizeIn: uint32(len(data)),
+		DataIn:     uint64(uintptr(unsafe.Pointer(&data[0]))),
+		Repeat:     repeat,
+		CtxSizeIn:  uint32(unsafe.Sizeof(*md)),
+		CtxIn:      uint64(uintptr(unsafe.Pointer(md))),
+		Flags:      unix.BPF_F_TEST_XDP_LIVE_FRAMES,
+		BatchSize:  uint32(g.cfg.Batch),
 	}
-	_, _, errno := unix.Syscall(unix.SYS_BPF, unix.BPF_PROG_TEST_RUN, uintptr(unsafe.Pointer(&attr)), unsafe.Sizeof(attr))
+	err := progrun.Run(&attr)
 	runtime.KeepAlive(data)
 	runtime.KeepAlive(md)
-	if errno != 0 {
-		return errno
-	}
-	return nil
+	return err
 }
 
 // netInterface returns the index of an interface of the calling thread's namespace.
