@@ -1,8 +1,7 @@
 package lbctl
 
 import (
-	"bytes"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -14,17 +13,146 @@ import (
 // JavaScript or jq) holds exactly: 2^53.
 const maxSafeInteger = 1 << 53
 
-// numbersWhereSafe rewrites raw, m's proto JSON mapping, with its 64-bit integer fields as
-// JSON numbers where their value is within ±2^53: the mapping writes them as strings so
-// that no reader loses precision, which makes scripts compare counters as text. Larger
-// values stay strings. The result is compact; protobuf readers accept both forms.
-func numbersWhereSafe(raw []byte, md protoreflect.MessageDescriptor) ([]byte, error) {
-	r := &numberRewriter{dec: json.NewDecoder(bytes.NewReader(raw))}
-	r.dec.UseNumber()
-	if err := r.value(jsonSlot{msg: md}); err != nil {
-		return nil, fmt.Errorf("encode JSON: %w", err)
+// shapeJSON rewrites raw, m's proto JSON mapping, in a fixed layout (on one line, or
+// indented by two spaces as encoding/json's Indent does; protojson varies its spacing
+// on purpose) and with its 64-bit integer fields as JSON numbers where their value is
+// within ±2^53: the mapping writes them as strings so that no reader loses precision,
+// which makes scripts compare counters as text. Larger values stay strings; protobuf
+// readers accept both forms. It is one pass over the bytes, as cheap as the indenting
+// alone: a listing of 10,000 services encodes every one of them.
+func shapeJSON(raw []byte, md protoreflect.MessageDescriptor, multiline bool) ([]byte, error) {
+	type frame struct {
+		slot   jsonSlot
+		object bool
 	}
-	return r.out.Bytes(), nil
+	out := make([]byte, 0, len(raw)+len(raw)/2)
+	var stack []frame
+	next := jsonSlot{msg: md} // the slot of the next value
+	last := byte(0)           // the last structural byte written
+	newline := func() {
+		if multiline {
+			out = append(out, '\n')
+			for range stack {
+				out = append(out, ' ', ' ')
+			}
+		}
+	}
+	for i := 0; i < len(raw); {
+		c := raw[i]
+		switch c {
+		case ' ', '\n', '\t', '\r':
+			i++
+			continue
+		case '{', '[':
+			out = append(out, c)
+			i++
+			j := i
+			for j < len(raw) && (raw[j] == ' ' || raw[j] == '\n' || raw[j] == '\t' || raw[j] == '\r') {
+				j++
+			}
+			if j < len(raw) && (raw[j] == '}' || raw[j] == ']') {
+				out = append(out, raw[j]) // empty: {} or []
+				i, last = j+1, raw[j]
+				continue
+			}
+			stack = append(stack, frame{slot: next, object: c == '{'})
+			newline()
+			if c == '[' {
+				next = listElement(next)
+			}
+		case '}', ']':
+			if len(stack) == 0 {
+				return nil, fmt.Errorf("encode JSON: unbalanced %q", c)
+			}
+			stack = stack[:len(stack)-1]
+			newline()
+			out = append(out, c)
+			i++
+		case ',':
+			out = append(out, ',')
+			newline()
+			i++
+			if top := stack[len(stack)-1]; !top.object {
+				next = listElement(top.slot)
+			}
+		case ':':
+			out = append(out, ':')
+			if multiline {
+				out = append(out, ' ')
+			}
+			i++
+		case '"':
+			j := i + 1
+			for j < len(raw) && raw[j] != '"' {
+				if raw[j] == '\\' {
+					j++
+				}
+				j++
+			}
+			if j >= len(raw) {
+				return nil, errors.New("encode JSON: unterminated string")
+			}
+			j++
+			str := raw[i:j]
+			if len(stack) > 0 && stack[len(stack)-1].object && (last == '{' || last == ',') {
+				next = objectMember(stack[len(stack)-1].slot, string(str[1:len(str)-1]))
+				out = append(out, str...)
+				last = '"'
+				i = j
+				continue
+			}
+			if next.int64 && safeInteger(str[1:len(str)-1]) {
+				out = append(out, str[1:len(str)-1]...)
+			} else {
+				out = append(out, str...)
+			}
+			i = j
+			last = 'v'
+			continue
+		default: // a number, true, false or null
+			j := i
+			for j < len(raw) && !strings.ContainsRune(",}] \n\t\r", rune(raw[j])) {
+				j++
+			}
+			out = append(out, raw[i:j]...)
+			i, last = j, 'v'
+			continue
+		}
+		last = c
+	}
+	if len(stack) != 0 {
+		return nil, errors.New("encode JSON: unbalanced brackets")
+	}
+	return out, nil
+}
+
+// safeInteger says whether b is an integer within ±2^53.
+func safeInteger(b []byte) bool {
+	if n, err := strconv.ParseInt(string(b), 10, 64); err == nil {
+		return n >= -maxSafeInteger && n <= maxSafeInteger
+	}
+	return false // above 2^63 it is not safe either
+}
+
+// listElement is the slot of an element of a list in slot.
+func listElement(slot jsonSlot) jsonSlot {
+	if slot.list != nil {
+		return elementSlot(slot.list)
+	}
+	return jsonSlot{}
+}
+
+// objectMember is the slot of the value under key in an object in slot.
+func objectMember(slot jsonSlot, key string) jsonSlot {
+	switch {
+	case slot.mapValue != nil:
+		return elementSlot(slot.mapValue)
+	case slot.msg != nil:
+		if fd := slot.msg.Fields().ByJSONName(key); fd != nil {
+			return fieldSlot(fd)
+		}
+	}
+	return jsonSlot{}
 }
 
 // jsonSlot says what a JSON value holds: a message (msg), a repeated field's list
@@ -61,103 +189,4 @@ func elementSlot(fd protoreflect.FieldDescriptor) jsonSlot {
 		return jsonSlot{int64: true}
 	}
 	return jsonSlot{}
-}
-
-type numberRewriter struct {
-	dec *json.Decoder
-	out bytes.Buffer
-}
-
-func (r *numberRewriter) value(slot jsonSlot) error {
-	tok, err := r.dec.Token()
-	if err != nil {
-		return err
-	}
-	switch t := tok.(type) {
-	case json.Delim:
-		switch t {
-		case '{':
-			return r.object(slot)
-		case '[':
-			elem := jsonSlot{}
-			if slot.list != nil {
-				elem = elementSlot(slot.list)
-			}
-			r.out.WriteByte('[')
-			for i := 0; r.dec.More(); i++ {
-				if i > 0 {
-					r.out.WriteByte(',')
-				}
-				if err := r.value(elem); err != nil {
-					return err
-				}
-			}
-			_, err := r.dec.Token() // ]
-			r.out.WriteByte(']')
-			return err
-		}
-		return fmt.Errorf("unexpected %v", t)
-	case string:
-		if n, err := strconv.ParseInt(t, 10, 64); slot.int64 && err == nil && n >= -maxSafeInteger && n <= maxSafeInteger {
-			r.out.WriteString(t)
-			return nil
-		}
-		if n, err := strconv.ParseUint(t, 10, 64); slot.int64 && err == nil && n <= maxSafeInteger {
-			r.out.WriteString(t)
-			return nil
-		}
-		return r.writeString(t)
-	case json.Number:
-		r.out.WriteString(t.String())
-	case bool:
-		r.out.WriteString(strconv.FormatBool(t))
-	case nil:
-		r.out.WriteString("null")
-	}
-	return nil
-}
-
-func (r *numberRewriter) object(slot jsonSlot) error {
-	r.out.WriteByte('{')
-	for i := 0; r.dec.More(); i++ {
-		tok, err := r.dec.Token()
-		if err != nil {
-			return err
-		}
-		key, _ := tok.(string)
-		if i > 0 {
-			r.out.WriteByte(',')
-		}
-		if err := r.writeString(key); err != nil {
-			return err
-		}
-		r.out.WriteByte(':')
-		child := jsonSlot{}
-		switch {
-		case slot.mapValue != nil:
-			child = elementSlot(slot.mapValue)
-		case slot.msg != nil:
-			if fd := slot.msg.Fields().ByJSONName(key); fd != nil {
-				child = fieldSlot(fd)
-			}
-		}
-		if err := r.value(child); err != nil {
-			return err
-		}
-	}
-	_, err := r.dec.Token() // }
-	r.out.WriteByte('}')
-	return err
-}
-
-// writeString writes s as a JSON string, without the HTML escaping of encoding/json's
-// default (protojson writes <, > and & as they are).
-func (r *numberRewriter) writeString(s string) error {
-	enc := json.NewEncoder(&r.out)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(s); err != nil {
-		return err
-	}
-	r.out.Truncate(r.out.Len() - 1) // Encode's newline
-	return nil
 }

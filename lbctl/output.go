@@ -24,7 +24,7 @@ import (
 // jsonOptions gives the canonical proto JSON mapping with enum names. Default values are
 // emitted so that scripts find every field (a port 0 or weight 0 is not a missing key).
 // canonicalJSON fixes the spacing of its output.
-var jsonOptions = protojson.MarshalOptions{Multiline: true, Indent: "  ", EmitDefaultValues: true}
+var jsonOptions = protojson.MarshalOptions{EmitDefaultValues: true}
 
 // print writes m in the -o format: JSON and YAML print the message itself, table calls
 // the given function, which writes a human view.

@@ -3,7 +3,6 @@ package lbctl
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -103,29 +102,18 @@ func (a *app) printEvent(m proto.Message) error {
 	return nil
 }
 
-// canonicalJSON is m in the proto JSON mapping with a fixed layout, 64-bit integers as
-// numbers where that is safe (numbersWhereSafe): protojson varies its spacing on purpose
-// from build to build, so its output is re-spaced here, on one line or indented by two
-// spaces.
+// canonicalJSON is m in the proto JSON mapping, in the fixed layout of shapeJSON, on one
+// line or indented by two spaces.
 func canonicalJSON(m proto.Message, multiline bool) ([]byte, error) {
 	raw, err := jsonOptions.Marshal(m)
 	if err != nil {
 		return nil, fmt.Errorf("encode JSON: %w", err)
 	}
-	if raw, err = numbersWhereSafe(raw, m.ProtoReflect().Descriptor()); err != nil {
+	out, err := shapeJSON(raw, m.ProtoReflect().Descriptor(), multiline)
+	if err != nil {
 		return nil, err
 	}
-	var out bytes.Buffer
-	if multiline {
-		err = json.Indent(&out, raw, "", "  ")
-	} else {
-		err = json.Compact(&out, raw)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("encode JSON: %w", err)
-	}
-	out.WriteByte('\n')
-	return out.Bytes(), nil
+	return append(out, '\n'), nil
 }
 
 // serviceGetWatch is "service get NAME -w": the service as now, then again after every

@@ -235,13 +235,15 @@ func TestNumbersWhereSafe(t *testing.T) {
 	in := &lbdv1.GetStatsResponse{Reasons: []*lbdv1.Counter{
 		{Name: "a<b&c", Packets: 12, Bytes: 1 << 53},
 		{Name: "big", Packets: 1<<53 + 1, Bytes: 1<<64 - 1},
+		{Name: `q"uote\, "x":{[`, Packets: 0},
 	}}
 	b, err := canonicalJSON(in, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := `"reasons":[{"name":"a<b&c","packets":12,"bytes":9007199254740992},` +
-		`{"name":"big","packets":"9007199254740993","bytes":"18446744073709551615"}]`
+		`{"name":"big","packets":"9007199254740993","bytes":"18446744073709551615"},` +
+		`{"name":"q\"uote\\, \"x\":{[","packets":0,"bytes":0}]`
 	if !strings.Contains(string(b), want) {
 		t.Errorf("got  %s\nwant %s", b, want)
 	}
