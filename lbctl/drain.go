@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 )
@@ -83,7 +85,8 @@ func (a *app) waitDrained(ctx context.Context, service, addrPort string) error {
 	for {
 		resp, err := lb.ListConnections(ctx, req)
 		if err != nil {
-			if ctx.Err() != nil {
+			// lbd, told the deadline, may end the call a moment before ctx expires.
+			if ctx.Err() != nil || status.Code(err) == codes.DeadlineExceeded {
 				return a.drainTimedOut(ap.String(), service, last)
 			}
 			return err

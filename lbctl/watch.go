@@ -59,7 +59,9 @@ func (a *app) watchServices(ctx context.Context, owner string, keep func(*lbdv1.
 		case err == nil:
 		case errors.Is(err, io.EOF):
 			return status.Error(codes.Unavailable, "lbd ended the watch")
-		case status.Code(err) == codes.DeadlineExceeded && ctx.Err() != nil:
+		case status.Code(err) == codes.DeadlineExceeded && hasDeadline(ctx):
+			// The explicit --timeout passed; lbd, which was told the deadline, may
+			// have ended the stream a moment before ctx itself expired.
 			return nil
 		default:
 			return err
@@ -249,4 +251,9 @@ func (t *streamTable) add(w io.Writer, cells []string) {
 	}
 	line.WriteByte('\n')
 	io.WriteString(w, line.String())
+}
+
+func hasDeadline(ctx context.Context) bool {
+	_, ok := ctx.Deadline()
+	return ok
 }
