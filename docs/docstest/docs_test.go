@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/lbd-dev/lbd/internal/testnet"
 )
 
 // repoRoot is the repository root, two levels above this package.
@@ -348,7 +350,8 @@ func TestRunner(t *testing.T) {
 type runner struct {
 	t         *testing.T
 	root, bin string
-	sock      string // the daemon's socket once started
+	sock      string      // the daemon's socket once started
+	host      *testnet.NS // where --check-config runs, created at its first use
 }
 
 // run runs or checks one command of block b; the error starts with the command's file
@@ -382,6 +385,20 @@ func (r *runner) run(b Block, c Command) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", args...)
+	if cl == ClassRun && strings.Contains(c.Text, "--check-config") {
+		// --check-config checks the host too (the interfaces the configuration names):
+		// it runs on a namespace shaped like the examples' host (eth0).
+		if os.Geteuid() != 0 {
+			r.t.Logf("%s:%d: not root, no namespace shaped like the examples' host: syntax check only", c.File, c.Line)
+			args = []string{"-n", "-c", text}
+			cmd = exec.CommandContext(ctx, "bash", args...)
+		} else {
+			if r.host == nil {
+				r.host = testnet.HostNS(r.t)
+			}
+			cmd = r.host.CommandContext(ctx, append([]string{"bash"}, args...)...)
+		}
+	}
 	cmd.Dir, cmd.Env = r.root, env
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("%s:%d: %s command %q failed: %w\n%s", c.File, c.Line, cl, c.Text, err, out)

@@ -19,6 +19,7 @@ import (
 	"testing"
 
 	"github.com/lbd-dev/lbd/daemon/config"
+	"github.com/lbd-dev/lbd/internal/testnet"
 	"sigs.k8s.io/yaml"
 )
 
@@ -204,7 +205,8 @@ func runExecStart(t *testing.T, bin string, args []string) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
 	if bin == "lbd" {
-		cmd := exec.Command(filepath.Join(binDir, bin), append(args, "--check-config")...)
+		// --check-config checks the host too: run it on one shaped like the examples' (eth0).
+		cmd := testnet.HostNS(t).Command(append([]string{filepath.Join(binDir, bin)}, append(args, "--check-config")...)...)
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 		if err := cmd.Run(); err != nil || !strings.Contains(stdout.String(), "configuration is valid") {
 			t.Fatalf("lbd %s --check-config: %v\n%s%s", strings.Join(args, " "), err, stdout.String(), stderr.String())

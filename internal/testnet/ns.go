@@ -216,3 +216,14 @@ func Veth(tb testing.TB, a, b VethEnd) {
 	a.NS.IP(tb, "link set "+a.Name+" up")
 	b.NS.IP(tb, "link set "+b.Name+" up")
 }
+
+// HostNS returns a new namespace shaped like the host the example configurations are
+// written for: lo and eth0 up (one end of a veth pair: this kernel has no dummy links). `lbd --check-config` checks the host
+// it runs on (the interfaces and addresses the configuration names), so the tests of the
+// examples run it there, whatever the machine running the tests calls its interfaces.
+func HostNS(tb testing.TB) *NS {
+	tb.Helper()
+	ns := NewNS(tb, "lbdhost-"+Suffix(tb))
+	ns.IP(tb, "link add eth0 type veth peer name eth0-peer", "link set eth0 up", "link set eth0-peer up")
+	return ns
+}

@@ -20,6 +20,7 @@ import (
 	"testing"
 
 	"github.com/lbd-dev/lbd/daemon/lbd"
+	"github.com/lbd-dev/lbd/internal/testnet"
 	"github.com/lbd-dev/lbd/lbctl"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -124,6 +125,7 @@ func TestDebianPackages(t *testing.T) {
 	})
 
 	t.Run("units", func(t *testing.T) {
+		host := testnet.HostNS(t)
 		units, _ := filepath.Glob(filepath.Join(repo, "examples", "systemd", "*.service"))
 		if len(units) == 0 {
 			t.Fatal("no unit in examples/systemd")
@@ -152,8 +154,10 @@ func TestDebianPackages(t *testing.T) {
 			// lbd's units: the installed binary accepts the installed configuration.
 			if strings.HasSuffix(string(start[1]), "/lbd") {
 				args := strings.Fields(strings.ReplaceAll(string(start[2]), "/etc/lbd/", in("etc/lbd")+"/"))
-				if out := run(t, repo, append([]string{in("usr/bin/lbd")}, append(args, "--check-config")...)...); out != "configuration is valid\n" {
-					t.Errorf("%s: lbd %s --check-config: %q", name, strings.Join(args, " "), out)
+				// --check-config checks the host too: run it on one shaped like the examples' (eth0).
+				check := host.Command(append([]string{in("usr/bin/lbd")}, append(args, "--check-config")...)...)
+				if out, err := testnet.Output(check); err != nil || out != "configuration is valid\n" {
+					t.Errorf("%s: lbd %s --check-config: %q, %v", name, strings.Join(args, " "), out, err)
 				}
 			}
 			out, err := combined("systemd-analyze", "security", "--offline=yes", "--root="+r, "--threshold=30", name)
