@@ -119,7 +119,7 @@ func TestDebianPackages(t *testing.T) {
 			t.Errorf("lbctl --version: %q, want the package version %s", out, version)
 		}
 		// The adapter's flag package exits 2 after the usage it prints for --help.
-		if out, _ := combined(in("usr/bin/lbd-k8s-adapter"), "--help"); !strings.Contains(out, "Usage of lbd-k8s-adapter") || !strings.Contains(out, "-kubeconfig") {
+		if out, _ := combined(in("usr/bin/lbd-k8s-adapter"), "--help"); !strings.Contains(out, "Usage: lbd-k8s-adapter [flags]") || !strings.Contains(out, "-kubeconfig") {
 			t.Errorf("lbd-k8s-adapter --help: %q", out)
 		}
 	})
