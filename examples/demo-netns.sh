@@ -175,9 +175,11 @@ daemons() {
 			;;
 		esac
 	done
+	# lbd answers as soon as its state is restored; changes that add Maglev tables wait
+	# until its datapath is open (attached): wait for that.
 	for n in "${NODES[@]}"; do
 		for _ in $(seq 100); do
-			lbctl "$n" node get >/dev/null 2>&1 && continue 2
+			lbctl "$n" node get -o json 2>/dev/null | grep -q '"datapathAttached": *true' && continue 2
 			sleep 0.1
 		done
 		cat "$DEMO_DIR/lbd-$n.log"
