@@ -157,17 +157,7 @@ func k8sScaleNodeAddr(i int) netip.Addr {
 // wait polls fn until it returns nil, failing the test after timeout.
 func (s *k8sScale) wait(timeout time.Duration, fn func() error) {
 	s.tb.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := fn()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			s.tb.Fatalf("not within %v: %v", timeout, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	eventually(s.tb, timeout, fn)
 }
 
 // run creates n LoadBalancer Services with an EndpointSlice each, at once from 16

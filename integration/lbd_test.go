@@ -326,7 +326,7 @@ func (tb *testbed) waitSlots(t *testing.T, svc string, backend netip.AddrPort, o
 }
 
 // eventually retries fn until it succeeds or the timeout passes.
-func eventually(t *testing.T, timeout time.Duration, fn func() error) {
+func eventually(t testing.TB, timeout time.Duration, fn func() error) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {

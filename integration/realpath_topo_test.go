@@ -439,17 +439,7 @@ func (rp *realPath) pinProcess(pid, cpu int) {
 
 func (rp *realPath) waitFor(timeout time.Duration, fn func() error) {
 	rp.tb.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := fn()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			rp.tb.Fatalf("after %v: %v", timeout, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	eventually(rp.tb, timeout, fn)
 }
 
 // A traffic case: which frames the injector sends.
