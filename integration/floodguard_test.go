@@ -18,7 +18,7 @@ import (
 
 // The new-connection flood of the issue "a SYN flood that harms no one": spoofed
 // clients that each send a SYN and then an ACK, which an LRU conntrack cannot tell from
-// established flows (TESTBED.md: a flood of one-packet flows evicts nothing; two
+// established flows (docs/testing.md: a flood of one-packet flows evicts nothing; two
 // packets per flow evicted every established entry).
 const (
 	// fgEstablished flows are in the LB node's conntrack before the flood.

@@ -74,7 +74,7 @@ func startKube(t testing.TB, dir string) *kubeCluster {
 	ctrllog.SetLogger(logr.Discard())
 	env := &envtest.Environment{BinaryAssetsDirectory: assets}
 	// No controllers run: the apiserver must not expect an endpoint reconciler, and
-	// needs Service ranges of its own (TESTBED.md), of both families for IPv6 Services.
+	// needs Service ranges of its own (docs/testing.md), of both families for IPv6 Services.
 	env.ControlPlane.GetAPIServer().Configure().
 		Set("advertise-address", "127.0.0.1").
 		Set("endpoint-reconciler-type", "none").

@@ -4,7 +4,7 @@
 // router spreading the VIPs over the LB nodes with ECMP, LB nodes running
 // `lbd --role lb` (XDP) that announce the VIPs to the router over BGP, backend nodes
 // running `lbd --role backend` (TC) with real TCP and UDP servers, all joined by a
-// fabric bridge (DESIGN.md §7, TESTBED.md).
+// fabric bridge (docs/testing.md).
 //
 // The tests need root and the tools listed in requireEnv; without them they skip with
 // the reason. They build bin/lbd and bin/lbctl themselves unless LBD_BIN_DIR names a

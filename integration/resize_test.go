@@ -233,7 +233,7 @@ func (d *daemon) streamEntries(t *testing.T, remove map[uint16]bool) map[uint16]
 // after one echo, whose entries the old programs may write after the first copy of
 // their table. 40 connections of a control group, whose entries the test deletes before
 // the backend joins, show that the test sees a lost entry: about a quarter of them move
-// (TESTBED.md).
+// (docs/testing.md).
 //
 // The flood stays below the flood guard's rate (100,000 new flows a second and CPU),
 // and the tables hold what it writes during the test (its one-packet flows are

@@ -26,7 +26,7 @@ const (
 	dnsPort  = 5300 // UDP, to udpPort
 )
 
-// Addresses (DESIGN.md §7): nodes in 198.18.0.0/15, VIPs in 203.0.113.0/24, IPv6 in
+// Addresses (docs/testing.md, "Address plan"): nodes in 198.18.0.0/15, VIPs in 203.0.113.0/24, IPv6 in
 // 2001:db8::/32. Every address lives only in the namespaces of one testbed.
 var (
 	vip4 = netip.MustParseAddr("203.0.113.10")
@@ -287,7 +287,7 @@ func (tb *testbed) setupAddresses() {
 	}
 }
 
-// setupKernel applies the sysctls and offload settings of TESTBED.md.
+// setupKernel applies the sysctls and offload settings of docs/testing.md.
 func (tb *testbed) setupKernel() {
 	t := tb.t
 	// Policy 3 with these fields hashes on addresses, protocol and ports only: the
@@ -310,7 +310,7 @@ func (tb *testbed) setupKernel() {
 }
 
 // attachPeerXDP gives the bridge side of every LB uplink an XDP_PASS program: frames an
-// LB sends with XDP_TX are dropped unless the veth peer runs XDP (TESTBED.md).
+// LB sends with XDP_TX are dropped unless the veth peer runs XDP (docs/testing.md).
 func (tb *testbed) attachPeerXDP() {
 	for _, lb := range tb.lbs {
 		tb.bridgeNS.PassXDP(tb.t, lb.brIfc)
@@ -322,7 +322,7 @@ func (tb *testbed) attachPeerXDP() {
 }
 
 // nextClientPort hands out client ports: reusing a 4-tuple still in TIME_WAIT makes
-// connections fail at random (TESTBED.md), and distinct ports spread over ECMP paths.
+// connections fail at random (docs/testing.md), and distinct ports spread over ECMP paths.
 func (tb *testbed) nextClientPort() int {
 	p := tb.clientPorts.Add(1)
 	if p > 32000 {

@@ -1,7 +1,7 @@
 //go:build ignore
 
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
-/* Backend-node datapath (DESIGN.md §1, §2).
+/* Backend-node datapath (docs/ARCHITECTURE.md, docs/wire-format.md).
  *
  * Ingress (tcx): Geneve from an allowed LB source carrying the DSR option is stripped
  * down to the inner IP packet behind the outer Ethernet header, and the NAT entry

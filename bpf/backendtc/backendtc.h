@@ -10,7 +10,7 @@
 #define LBD_TCX_NEXT -1
 #define LBD_TCX_DROP 2
 
-/* Missing from the 6.1 uapi headers (TESTBED.md); own names so that newer headers,
+/* Missing from the 6.1 uapi headers (docs/testing.md); own names so that newer headers,
  * which declare them in an enum, do not clash. */
 #define LBD_ADJ_ROOM_DECAP_L3_IPV4 (1ULL << 7)
 #define LBD_ADJ_ROOM_DECAP_L3_IPV6 (1ULL << 8)

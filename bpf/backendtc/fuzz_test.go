@@ -40,7 +40,7 @@ type refResult struct {
 	entry   *refEntry
 }
 
-// refIngress is a reference reading of DESIGN.md §2 and of which Geneve is lbd's,
+// refIngress is a reference reading of docs/wire-format.md and of which Geneve is lbd's,
 // written apart from the C code. A frame is lbd's when it is UDP to port 6081 (not a
 // fragment) whose lengths agree, with a Geneve version 0 header of the configured VNI
 // whose options (walked up to 8) include lbd's DSR option; anything else passes. An

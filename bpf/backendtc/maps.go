@@ -20,7 +20,7 @@ type Config struct {
 	VNI uint32
 }
 
-// DefaultConfig is the configuration DESIGN.md §2 prescribes.
+// DefaultConfig is the configuration docs/wire-format.md describes.
 func DefaultConfig() Config { return Config{VNI: 2} }
 
 // SetConfig replaces the configuration; packets see the new one at once.

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* Wire format shared by the LB-node (XDP) and backend-node (TC) programs.
- * DESIGN.md §2 fixes it; it interoperates with Cilium's DSR-Geneve dispatch. */
+ * docs/wire-format.md describes it; it interoperates with Cilium's DSR-Geneve dispatch. */
 #ifndef LBD_WIRE_H
 #define LBD_WIRE_H
 
@@ -60,7 +60,7 @@ _Static_assert(sizeof(struct lbd_dsr_opt4) == 12 && sizeof(struct lbd_dsr_opt6) 
 
 /* Geneve header + one DSR option for an IPv4 VIP: 8 + 12 = 20 bytes; with outer
  * Ethernet(14, replaced) + IPv4(20) + UDP(8) + inner Ethernet(14) the packet grows by
- * 20 + 8 + 20 + 14 = 62 bytes, as DESIGN.md §2 says. */
+ * 20 + 8 + 20 + 14 = 62 bytes, as docs/wire-format.md says. */
 #define LBD_ENCAP_OVERHEAD_V4_V4 62
 
 #endif

@@ -184,7 +184,7 @@ func checkEncap(t *testing.T, e *env, in pktgen.Packet, out []byte, viaC bool, n
 		t.Errorf("outer UDP %d -> %d len %d", d.UDP.SrcPort, d.UDP.DstPort, d.UDP.Length)
 	}
 
-	// Geneve header and DSR option, byte by byte (DESIGN.md §2).
+	// Geneve header and DSR option, byte by byte (docs/wire-format.md).
 	if !bytes.Equal(d.Geneve.Contents, geneve) {
 		t.Errorf("geneve header and option % x, want % x", d.Geneve.Contents, geneve)
 	}

@@ -6,7 +6,7 @@
 // The program handles packets to a VIP service: it picks a backend (conntrack,
 // then session affinity, then the service's Maglev table), DNATs the client's
 // packet to the backend and sends it, wrapped in Geneve with the DSR option of
-// DESIGN.md §2, to the backend's node via a FIB lookup (XDP_TX when the route
+// docs/wire-format.md, to the backend's node via a FIB lookup (XDP_TX when the route
 // leaves by the ingress port, a redirect otherwise). Everything else passes to
 // the kernel.
 //

@@ -68,7 +68,7 @@ type Datapath struct {
 	BPFFSDir string `json:"bpffs_dir"`
 	// HashSeed feeds the flow hash; every LB node of a VIP must use the same one.
 	HashSeed uint32 `json:"hash_seed"`
-	// VNI of the Geneve header (DESIGN §2: 2 by default).
+	// VNI of the Geneve header (docs/wire-format.md; 2 by default).
 	VNI uint32 `json:"vni"`
 	// UnderlayV4 and UnderlayV6 are the LB node's outer source addresses; empty takes,
 	// per backend node, the source the kernel would use toward it (the route's preferred

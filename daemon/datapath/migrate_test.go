@@ -113,7 +113,7 @@ func (f *flood) end() error {
 // establish sends a SYN, then an ACK of every flow through the LB program. The second
 // packet marks the entry referenced before it leaves the CPU's pending list, so that
 // the kernel's LRU files it with the active entries and evicts entries never looked up
-// again (a flood's) first (TESTBED.md).
+// again (a flood's) first (docs/testing.md).
 func establish(tb testing.TB, n *node, m *Manager, flows []lbxdp.Flow) {
 	tb.Helper()
 	ifindex := n.ns.Interface(tb, n.uplink).Index

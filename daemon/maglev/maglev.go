@@ -7,9 +7,9 @@
 //
 // Determinism: every LB node must build the same table from the same backend
 // set, or a flow moved by the router to another node lands on another backend.
-// go-maglev's table depends on the order of its input (TESTBED.md measured 11
-// of 65537 slots differing for the same three names in another order), so the
-// entry names are sorted bytewise before they are handed over. That order is
+// go-maglev's table depends on the order of its input (docs/testing.md,
+// "go-maglev": 11 of 65537 slots differed for the same three names in another
+// order), so the entry names are sorted bytewise before they are handed over. That order is
 // part of the cross-node contract: changing it changes every table.
 //
 // Weights: a backend of weight w contributes w entries named "key",
@@ -44,8 +44,8 @@ import (
 // one that does not gets a size derived from its backends (TableSize).
 //
 // M trades memory and build time against disruption, the share of other
-// backends' slots that move when one backend leaves (DESIGN §3 asks ≤ 1%; derived
-// sizes give a few percent, see SlotsPerBackend). Measured worst case over
+// backends' slots that move when one backend leaves (≤ 1% is the usual aim;
+// derived sizes give a few percent, see SlotsPerBackend). Measured worst case over
 // removals, equal weights, sequential addresses:
 //
 //	M=16381:  0.62% (10 backends), 1.2% (50), 1.4% (100), 1.8% (163)

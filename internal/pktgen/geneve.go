@@ -5,7 +5,7 @@ import (
 	"net/netip"
 )
 
-// lbd's Geneve encapsulation (DESIGN.md §2).
+// lbd's Geneve encapsulation (docs/wire-format.md).
 const (
 	GenevePort      = 6081   // UDP destination port
 	GeneveEthernet  = 0x6558 // protocol type: an Ethernet frame follows

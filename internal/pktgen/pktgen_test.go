@@ -265,7 +265,7 @@ func TestVerifyPartial(t *testing.T) {
 	}
 }
 
-// TestGeneve: gopacket reads the encapsulation as DESIGN.md §2 describes it, and the
+// TestGeneve: gopacket reads the encapsulation as docs/wire-format.md describes it, and the
 // knobs break what they say.
 func TestGeneve(t *testing.T) {
 	inner := Packet{Src: c4, Dst: netip.MustParseAddr("198.18.20.1"), SrcPort: 40000, DstPort: 8080}.IP()

@@ -13,7 +13,7 @@ import (
 
 // BPFFS mounts a private bpffs in a directory of its own and returns the directory.
 // Never /sys/fs/bpf: the host may have none there, and tests must not mount one behind
-// the user's back (TESTBED.md). Pins in it go with it at cleanup.
+// the user's back (docs/testing.md). Pins in it go with it at cleanup.
 func BPFFS(tb testing.TB) string {
 	tb.Helper()
 	Require(tb)

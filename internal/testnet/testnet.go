@@ -2,12 +2,12 @@
 
 // Package testnet is the one place where tests build networks: network namespaces,
 // veth pairs, addresses, sysctls, commands and processes inside a namespace, packet
-// captures, a private bpffs, and the cleanup of all of it (TESTBED.md lists the kernel
+// captures, a private bpffs, and the cleanup of all of it (docs/testing.md lists the kernel
 // traps it respects).
 //
 // Everything a helper creates is removed by t.Cleanup, whether the test passed or not.
 // Cleanups run in reverse order of creation, so a test that creates its namespaces
-// first, then mounts, then starts processes gets the teardown order TESTBED.md asks
+// first, then mounts, then starts processes gets the teardown order docs/testing.md asks
 // for: processes (by PID), then pins and mounts, then namespaces.
 //
 // Names must be unique per test, since `go test ./...` runs packages in parallel: build
@@ -26,7 +26,7 @@ import (
 	"testing"
 )
 
-// The address plan of every test network (DESIGN.md §7). Nothing is sent to any other
+// The address plan of every test network (docs/testing.md, "Address plan"). Nothing is sent to any other
 // address: 192.0.2.0/24 in particular is the test machine's own subnet.
 var (
 	// Nodes holds the addresses of nodes, clients and routers.

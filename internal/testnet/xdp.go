@@ -12,7 +12,7 @@ import (
 
 // PassXDP attaches an XDP program that passes every frame to dev, in native mode, until
 // the test ends. A frame sent with XDP_TX out of a veth is dropped unless the veth's
-// peer runs an XDP program (TESTBED.md): give the peer of an XDP_TX device this one.
+// peer runs an XDP program (docs/testing.md): give the peer of an XDP_TX device this one.
 func (ns *NS) PassXDP(tb testing.TB, dev string) {
 	tb.Helper()
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{

@@ -6,7 +6,7 @@
 // out of the interface the run names. Frames can repeat one flow, be a new flow each
 // (source address and port counted over a range), or give each new flow two packets, a
 // SYN then an ACK: what an LRU table must see twice before it treats an entry as in use
-// (TESTBED.md, "LRU hash maps under a flood").
+// (docs/testing.md, "A conntrack flood").
 //
 // A veth transmits XDP frames only if its peer runs an XDP program (or has GRO on): the
 // receiving side needs one, such as the Counter this package also provides.
