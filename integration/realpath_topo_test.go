@@ -76,6 +76,7 @@ const (
 type realPath struct {
 	tb           testing.TB
 	sfx, dir     string
+	bpffs        string // lbd's bpffs: it lives as long as the test, so a restart adopts its pins
 	gen, lb      *testnet.NS
 	genIf, upIf  string
 	bes          []*testnet.NS
@@ -104,6 +105,9 @@ func newRealPath(tb testing.TB) *realPath {
 	// Interface names of at most 9 characters: a NAPI thread is named
 	// "napi/<interface>-<id>" and a thread name is cut at 15.
 	rp := &realPath{tb: tb, sfx: sfx, dir: tb.TempDir(), genIf: "rg" + sfx, upIf: "ru" + sfx}
+	// Registered on the whole test, not on the subtest that starts lbd: lbd-no-guard
+	// restarts it on the same pins, and whatever lbd mounts there is removed at the end.
+	rp.bpffs = testnet.MountDir(tb)
 	rp.gen = testnet.NewNS(tb, "lbdrp-"+sfx+"-gen")
 	rp.lb = testnet.NewNS(tb, "lbdrp-"+sfx+"-lb")
 	testnet.Veth(tb, testnet.VethEnd{NS: rp.gen, Name: rp.genIf, MAC: rpGenMAC},
@@ -320,8 +324,7 @@ func (rp *realPath) lbdUp() {
 		t.Fatal(err)
 	}
 	sock := filepath.Join(dir, "lbd.sock")
-	bpffs := testnet.MountDir(t)
-	rp.lbdArgs = []string{"--role", "lb", "--interface", rp.upIf, "--bpffs-dir", bpffs,
+	rp.lbdArgs = []string{"--role", "lb", "--interface", rp.upIf, "--bpffs-dir", rp.bpffs,
 		"--state-dir", filepath.Join(dir, "state"), "--socket", sock, "--hash-seed", hashSeed, "--log-level", "info"}
 	rp.lbd = testnet.Start(t, "lbd", filepath.Join(dir, "lbd.log"), rp.lb.Command(append([]string{lbdBin}, rp.lbdArgs...)...))
 	rp.lbdSock = sock
