@@ -33,6 +33,9 @@ type RateLimit struct {
 	Rate float64 `json:"rate"`
 	// Burst is how many calls a principal may make at once.
 	Burst int `json:"burst"`
+	// MaxOpen is how many calls (unary calls and streams) a principal may have open at
+	// once; 0 disables the limit.
+	MaxOpen int `json:"max_open"`
 }
 
 // Defaults of the API's limits.
@@ -40,6 +43,7 @@ const (
 	defaultMaxWatchers          = 256
 	defaultMaxConcurrentStreams = 100
 	defaultMaxRecvMsgBytes      = 16 << 20
+	defaultMaxOpen              = 64
 )
 
 func defaultAPI() API {
@@ -49,7 +53,7 @@ func defaultAPI() API {
 		MaxWatchers:          defaultMaxWatchers,
 		PolicyCheckInterval:  Duration(5 * time.Second),
 		Audit:                Audit{MaxSizeMB: 100, MaxBackups: 10},
-		RateLimit:            RateLimit{Rate: 200, Burst: 400},
+		RateLimit:            RateLimit{Rate: 200, Burst: 400, MaxOpen: defaultMaxOpen},
 		MaxConcurrentStreams: defaultMaxConcurrentStreams,
 		MaxRecvMsgBytes:      defaultMaxRecvMsgBytes,
 		StreamSendTimeout:    Duration(30 * time.Second),
@@ -107,6 +111,9 @@ func (a API) validateSecurity() []error {
 	}
 	if a.RateLimit.Rate > 0 && a.RateLimit.Burst < 1 {
 		errs = append(errs, fmt.Errorf("api.rate_limit.burst: must be at least 1 with a rate, got %d", a.RateLimit.Burst))
+	}
+	if a.RateLimit.MaxOpen < 0 {
+		errs = append(errs, fmt.Errorf("api.rate_limit.max_open: must not be negative, got %d", a.RateLimit.MaxOpen))
 	}
 	if a.MaxConcurrentStreams < 1 {
 		errs = append(errs, errors.New("api.max_concurrent_streams: must be at least 1"))

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -128,6 +129,13 @@ func (e *abuseEnv) abuse(tb testing.TB, n int, kinds []int) func() abuserResult 
 	return stop
 }
 
+// rateLimited reports whether err is lbd's refusal of a call above its principal's
+// rate or open calls (api.rate_limit).
+func rateLimited(err error) bool {
+	s, ok := status.FromError(err)
+	return ok && s.Code() == codes.ResourceExhausted && strings.HasPrefix(s.Message(), "rate limit: ")
+}
+
 // abuserMain is the abusers' process.
 func abuserMain(specJSON string) int {
 	var s abuserSpec
@@ -167,6 +175,8 @@ func abuserMain(specJSON string) int {
 					var out []byte
 					err := conn.Invoke(ctx, lbdv1.LoadBalancerService_ApplyServices_FullMethodName, &big, &out, grpc.ForceCodec(rawCodec{}))
 					switch {
+					case rateLimited(err):
+						tally.limited.Add(1)
 					case status.Code(err) == codes.ResourceExhausted:
 						tally.oversized.Add(1)
 					case ctx.Err() == nil:
@@ -180,7 +190,7 @@ func abuserMain(specJSON string) int {
 				for ctx.Err() == nil {
 					_, err := node.GetNode(ctx, &lbdv1.GetNodeRequest{})
 					switch {
-					case status.Code(err) == codes.ResourceExhausted:
+					case rateLimited(err):
 						tally.limited.Add(1)
 					case err != nil && ctx.Err() == nil:
 						tally.fail("flood", err)

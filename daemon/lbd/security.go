@@ -50,7 +50,7 @@ func newSecurity(c config.API, st *store.Store, met *metrics.Metrics, log hclog.
 		guard: authz.NewGuard(p, owner),
 		trail: audit.Open(audit.Options{File: c.Audit.File, MaxSizeMB: c.Audit.MaxSizeMB, MaxBackups: c.Audit.MaxBackups,
 			MaxAgeDays: c.Audit.MaxAgeDays, Logger: log.Named("audit")}),
-		limiter: throttle.New(throttle.Options{Rate: c.RateLimit.Rate, Burst: c.RateLimit.Burst,
+		limiter: throttle.New(throttle.Options{Rate: c.RateLimit.Rate, Burst: c.RateLimit.Burst, MaxOpen: c.RateLimit.MaxOpen,
 			SendTimeout: time.Duration(c.StreamSendTimeout),
 			// Root and lbd's user on the socket own the node (and the state file): a rate
 			// would protect lbd from nobody, and would fail their scripts' bulk changes.
@@ -74,7 +74,10 @@ func newSecurity(c config.API, st *store.Store, met *metrics.Metrics, log hclog.
 	s.trail.Reload("start", p, nil)
 	plog.Info("authorization policy", "op", "start", "policy", p.String(), "sha256", p.Digest)
 	s.opts = []grpc.ServerOption{
-		grpc.ChainUnaryInterceptor(s.recorder.UnaryInterceptor, s.limiter.UnaryInterceptor, s.guard.UnaryInterceptor),
+		// The rate and open calls of each principal are checked on a call's headers,
+		// before gRPC starts a handler or reads the request.
+		grpc.InTapHandle(s.limiter.TapHandle),
+		grpc.ChainUnaryInterceptor(s.recorder.UnaryInterceptor, s.guard.UnaryInterceptor),
 		grpc.ChainStreamInterceptor(s.recorder.StreamInterceptor, s.limiter.StreamInterceptor, s.guard.StreamInterceptor),
 		grpc.MaxConcurrentStreams(c.MaxConcurrentStreams),
 		grpc.MaxRecvMsgSize(c.MaxRecvMsgBytes),

@@ -1,6 +1,7 @@
-// Package throttle bounds what one API client can take: a call rate per principal
-// (answered with RESOURCE_EXHAUSTED above it) and a deadline on every message a stream
-// sends, so a client that stops reading cannot hold a stream and its memory forever.
+// Package throttle bounds what one API client can take: a call rate and a number of
+// open calls per principal (answered with RESOURCE_EXHAUSTED above them, before a
+// call's request is read), and a deadline on every message a stream sends, so a
+// client that stops reading cannot hold a stream and its memory forever.
 package throttle
 
 import (
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 )
 
 // Options configure a Limiter.
@@ -24,6 +26,9 @@ type Options struct {
 	// it opens); 0 disables the limit. Burst is how many it may make at once.
 	Rate  float64
 	Burst int
+	// MaxOpen is how many calls (unary calls and streams) each principal may have open
+	// at once; 0 disables the limit.
+	MaxOpen int
 	// Exempt says which identities no rate applies to (nil: none).
 	Exempt func(authz.Identity) bool
 	// SendTimeout bounds how long one message of a stream may wait for the client to
@@ -31,20 +36,21 @@ type Options struct {
 	SendTimeout time.Duration
 }
 
-// maxPrincipals bounds the limiters kept: past it, those idle for a minute are dropped,
-// and if none is, new principals share one limiter.
+// maxPrincipals bounds the principals tracked: past it, those idle for a minute with
+// no call open are dropped, and if none is, new principals share one budget.
 const maxPrincipals = 10000
 
 // idle is how long a principal's limiter is kept without a call once the table is full.
 const idle = time.Minute
 
-// Limiter implements the limits as interceptors, to install after the audit recorder
-// and before the authorization.
+// Limiter implements the limits: the rate and the open calls in a tap handle
+// (TapHandle), which gRPC runs on a call's headers, before it starts a handler or reads
+// the request; the send deadlines as a stream interceptor.
 type Limiter struct {
 	opts     Options
 	mu       sync.Mutex
 	clients  map[string]*client
-	overflow *rate.Limiter
+	overflow *client
 	limited  *prometheus.CounterVec
 	stalled  prometheus.Counter
 }
@@ -52,6 +58,7 @@ type Limiter struct {
 type client struct {
 	lim  *rate.Limiter
 	last time.Time
+	open int // calls admitted and not yet ended
 }
 
 // New returns a limiter.
@@ -59,9 +66,9 @@ func New(opts Options) *Limiter {
 	return &Limiter{
 		opts:     opts,
 		clients:  map[string]*client{},
-		overflow: rate.NewLimiter(rate.Limit(opts.Rate), opts.Burst),
+		overflow: &client{lim: rate.NewLimiter(rate.Limit(opts.Rate), opts.Burst)},
 		limited: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "lbd_api_rate_limited_total", Help: "API calls refused with RESOURCE_EXHAUSTED because their principal was above api.rate_limit, by transport.",
+			Name: "lbd_api_rate_limited_total", Help: "API calls refused with RESOURCE_EXHAUSTED because their principal was above api.rate_limit (its rate or its open calls), by transport.",
 		}, []string{"transport"}),
 		stalled: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "lbd_api_stalled_streams_total", Help: "Streams ended because a message waited longer than api.stream_send_timeout for the client to read.",
@@ -86,33 +93,41 @@ func IsLimited(err error) bool {
 	return ok && s.Code() == codes.ResourceExhausted && strings.HasPrefix(s.Message(), limitedMsg)
 }
 
-// allow takes one call from the caller's budget.
-func (l *Limiter) allow(ctx context.Context) error {
-	if l.opts.Rate <= 0 {
-		return nil
+// TapHandle implements tap.ServerInHandle: it takes one call from the caller's
+// budget and counts it open until its stream ends. It runs on the connection's reading
+// goroutine, before gRPC creates the stream: a refused call costs lbd no handler, no
+// decoding of its request, and no more of it is read than the client had already sent.
+// The refusal waits RefusalDelay, during which lbd reads nothing more from that
+// connection: a client that retries at once, in a loop, is slowed to one call per
+// RefusalDelay per connection instead of costing lbd work at its own pace.
+func (l *Limiter) TapHandle(ctx context.Context, _ *tap.Info) (context.Context, error) {
+	if l.opts.Rate <= 0 && l.opts.MaxOpen <= 0 {
+		return ctx, nil
 	}
 	id, err := authz.IdentityOf(ctx)
 	if err != nil || (l.opts.Exempt != nil && l.opts.Exempt(id)) {
-		return nil // without an identity, the authorization refuses it
+		return ctx, nil // without an identity, the authorization refuses it
 	}
 	key := string(id.Transport) + " " + id.Principal()
-	if l.limiter(key).Allow() {
-		return nil
+	c, why := l.admit(key)
+	if why == "" {
+		// The stream's context ends with the stream, whichever way it ends.
+		context.AfterFunc(ctx, func() { l.release(c) })
+		return ctx, nil
 	}
 	l.limited.WithLabelValues(string(id.Transport)).Inc()
-	// The refusal waits: a client that retries at once, in a loop, is slowed to one
-	// call per RefusalDelay instead of costing lbd a call's work at its own pace.
 	t := time.NewTimer(RefusalDelay)
 	select {
 	case <-t.C:
 	case <-ctx.Done():
 		t.Stop()
 	}
-	return status.Errorf(codes.ResourceExhausted, "%s%s made more than %g calls per second (burst %d, api.rate_limit); slow down and retry",
-		limitedMsg, id.Principal(), l.opts.Rate, l.opts.Burst)
+	return nil, status.Errorf(codes.ResourceExhausted, "%s%s %s; slow down and retry", limitedMsg, id.Principal(), why)
 }
 
-func (l *Limiter) limiter(key string) *rate.Limiter {
+// admit takes a call from key's budget and counts it open; it returns why not if it
+// cannot.
+func (l *Limiter) admit(key string) (*client, string) {
 	now := time.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -120,36 +135,39 @@ func (l *Limiter) limiter(key string) *rate.Limiter {
 	if c == nil {
 		if len(l.clients) >= maxPrincipals {
 			for k, o := range l.clients {
-				if now.Sub(o.last) > idle {
+				if o.open == 0 && now.Sub(o.last) > idle {
 					delete(l.clients, k)
 				}
 			}
 		}
-		if len(l.clients) >= maxPrincipals {
-			return l.overflow
+		c = l.overflow
+		if len(l.clients) < maxPrincipals {
+			c = &client{lim: rate.NewLimiter(rate.Limit(l.opts.Rate), l.opts.Burst)}
+			l.clients[key] = c
 		}
-		c = &client{lim: rate.NewLimiter(rate.Limit(l.opts.Rate), l.opts.Burst)}
-		l.clients[key] = c
 	}
 	c.last = now
-	return c.lim
+	if l.opts.MaxOpen > 0 && c.open >= l.opts.MaxOpen {
+		return nil, fmt.Sprintf("has %d calls open, the most a principal may (api.rate_limit.max_open)", c.open)
+	}
+	if l.opts.Rate > 0 && !c.lim.AllowN(now, 1) {
+		return nil, fmt.Sprintf("made more than %g calls per second (burst %d, api.rate_limit)", l.opts.Rate, l.opts.Burst)
+	}
+	c.open++
+	return c, ""
 }
 
-// UnaryInterceptor implements grpc.UnaryServerInterceptor.
-func (l *Limiter) UnaryInterceptor(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if err := l.allow(ctx); err != nil {
-		return nil, err
-	}
-	return handler(ctx, req)
+// release counts one of c's calls ended.
+func (l *Limiter) release(c *client) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c.open--
 }
 
 // StreamInterceptor implements grpc.StreamServerInterceptor. With a send timeout, the
 // handler runs apart: when one of its messages waits too long for the client, the call
 // ends with DEADLINE_EXCEEDED, which closes the stream and so ends the blocked send.
 func (l *Limiter) StreamInterceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	if err := l.allow(ss.Context()); err != nil {
-		return err
-	}
 	if l.opts.SendTimeout <= 0 {
 		return handler(srv, ss)
 	}

@@ -8,10 +8,21 @@ import (
 	"github.com/lbd-dev/lbd/daemon/authz"
 	"github.com/lbd-dev/lbd/daemon/peercred"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/tap"
 )
 
-func asUID(uid uint32) context.Context {
-	return peer.NewContext(context.Background(), &peer.Peer{AuthInfo: peercred.AuthInfo{Creds: peercred.Creds{UID: uid, GIDs: []uint32{uid}}}})
+// asUID is a call's context from a socket peer with uid; cancel ends the call.
+func asUID(uid uint32) (ctx context.Context, cancel func()) {
+	return context.WithCancel(peer.NewContext(context.Background(), &peer.Peer{AuthInfo: peercred.AuthInfo{Creds: peercred.Creds{UID: uid, GIDs: []uint32{uid}}}}))
+}
+
+// open starts a call of uid through the tap handle; the call stays open until the test
+// ends.
+func open(t *testing.T, l *Limiter, uid uint32) (cancel func(), err error) {
+	ctx, cancel := asUID(uid)
+	t.Cleanup(cancel)
+	_, err = l.TapHandle(ctx, &tap.Info{FullMethodName: "/lbd.v1.LoadBalancerService/GetService"})
+	return cancel, err
 }
 
 // TestRatePerPrincipal: a principal above its rate is refused, after the refusal delay,
@@ -20,24 +31,59 @@ func asUID(uid uint32) context.Context {
 func TestRatePerPrincipal(t *testing.T) {
 	l := New(Options{Rate: 1, Burst: 2, Exempt: func(id authz.Identity) bool { return id.UID == 0 }})
 	for i := range 2 {
-		if err := l.allow(asUID(1000)); err != nil {
+		if _, err := open(t, l, 1000); err != nil {
 			t.Fatalf("call %d within the burst: %v", i, err)
 		}
 	}
 	start := time.Now()
-	err := l.allow(asUID(1000))
+	_, err := open(t, l, 1000)
 	if !IsLimited(err) {
 		t.Fatalf("third call at once: %v, want a rate-limit refusal", err)
 	}
 	if d := time.Since(start); d < RefusalDelay {
 		t.Errorf("refused after %v, want at least %v", d, RefusalDelay)
 	}
-	if err := l.allow(asUID(1001)); err != nil {
+	if _, err := open(t, l, 1001); err != nil {
 		t.Errorf("another principal: %v", err)
 	}
 	for i := range 50 {
-		if err := l.allow(asUID(0)); err != nil {
+		if _, err := open(t, l, 0); err != nil {
 			t.Fatalf("exempt principal, call %d: %v", i, err)
 		}
+	}
+}
+
+// TestOpenCallsPerPrincipal: a principal with MaxOpen calls open is refused another
+// until one of them ends; another principal is not.
+func TestOpenCallsPerPrincipal(t *testing.T) {
+	l := New(Options{MaxOpen: 3})
+	var ends []func()
+	for i := range 3 {
+		end, err := open(t, l, 1000)
+		if err != nil {
+			t.Fatalf("call %d of 3: %v", i, err)
+		}
+		ends = append(ends, end)
+	}
+	if _, err := open(t, l, 1000); !IsLimited(err) {
+		t.Fatalf("a fourth call while three are open: %v, want a refusal", err)
+	}
+	if _, err := open(t, l, 1001); err != nil {
+		t.Errorf("another principal: %v", err)
+	}
+	ends[0]()
+	// The count falls when the ended call's context is done, which runs apart.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, err := open(t, l, 1000)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a call after one of three ended: %v", err)
+		}
+	}
+	if _, err := open(t, l, 1000); !IsLimited(err) {
+		t.Fatalf("a call while three are open again: %v, want a refusal", err)
 	}
 }
