@@ -132,14 +132,30 @@ func (s *Server) Register(g *grpc.Server) {
 	lbdv1.RegisterFleetServiceServer(g, s)
 }
 
+// ownerCheckKey is the context key of a call's owner check (WithOwnerCheck).
+type ownerCheckKey struct{}
+
+// WithOwnerCheck returns ctx for a call whose changes must each pass check: the store
+// calls it inside the change, on every service the change touches, so that the
+// authorization's owner rule and the write are one step. A nil check limits nothing.
+func WithOwnerCheck(ctx context.Context, check store.OwnerCheck) context.Context {
+	return context.WithValue(ctx, ownerCheckKey{}, check)
+}
+
+// writer is the store as the caller of ctx may change it.
+func (s *Server) writer(ctx context.Context) store.Writer {
+	check, _ := ctx.Value(ownerCheckKey{}).(store.OwnerCheck)
+	return s.st.As(check)
+}
+
 // unimplemented answers an RPC whose machinery is not on this node.
 func unimplemented(what string) error {
 	return status.Errorf(codes.Unimplemented, "%s needs the node's datapath, and this lbd runs without one (start it with --role lb, backend or both)", what)
 }
 
 // CreateService implements lbdv1.LoadBalancerServiceServer.
-func (s *Server) CreateService(_ context.Context, r *lbdv1.CreateServiceRequest) (*lbdv1.CreateServiceResponse, error) {
-	svc, err := s.st.CreateService(r.GetService())
+func (s *Server) CreateService(ctx context.Context, r *lbdv1.CreateServiceRequest) (*lbdv1.CreateServiceResponse, error) {
+	svc, err := s.writer(ctx).CreateService(r.GetService())
 	if err != nil {
 		return nil, err
 	}
@@ -157,8 +173,8 @@ func (s *Server) GetService(_ context.Context, r *lbdv1.GetServiceRequest) (*lbd
 }
 
 // UpdateService implements lbdv1.LoadBalancerServiceServer.
-func (s *Server) UpdateService(_ context.Context, r *lbdv1.UpdateServiceRequest) (*lbdv1.UpdateServiceResponse, error) {
-	svc, err := s.st.UpdateService(r.GetService(), r.GetExpectedRevision())
+func (s *Server) UpdateService(ctx context.Context, r *lbdv1.UpdateServiceRequest) (*lbdv1.UpdateServiceResponse, error) {
+	svc, err := s.writer(ctx).UpdateService(r.GetService(), r.GetExpectedRevision())
 	if err != nil {
 		return nil, err
 	}
@@ -167,8 +183,8 @@ func (s *Server) UpdateService(_ context.Context, r *lbdv1.UpdateServiceRequest)
 }
 
 // DeleteService implements lbdv1.LoadBalancerServiceServer.
-func (s *Server) DeleteService(_ context.Context, r *lbdv1.DeleteServiceRequest) (*lbdv1.DeleteServiceResponse, error) {
-	if err := s.st.DeleteService(r.GetName()); err != nil {
+func (s *Server) DeleteService(ctx context.Context, r *lbdv1.DeleteServiceRequest) (*lbdv1.DeleteServiceResponse, error) {
+	if err := s.writer(ctx).DeleteService(r.GetName()); err != nil {
 		return nil, err
 	}
 	s.log.Info("service deleted", "op", "delete-service", "service", r.GetName())
@@ -176,10 +192,11 @@ func (s *Server) DeleteService(_ context.Context, r *lbdv1.DeleteServiceRequest)
 }
 
 // ApplyServices implements lbdv1.LoadBalancerServiceServer.
-func (s *Server) ApplyServices(_ context.Context, r *lbdv1.ApplyServicesRequest) (*lbdv1.ApplyServicesResponse, error) {
-	apply := s.st.ApplyServices
+func (s *Server) ApplyServices(ctx context.Context, r *lbdv1.ApplyServicesRequest) (*lbdv1.ApplyServicesResponse, error) {
+	w := s.writer(ctx)
+	apply := w.ApplyServices
 	if r.GetValidateOnly() {
-		apply = s.st.PlanServices
+		apply = w.PlanServices
 	}
 	res, err := apply(r.GetOwner(), r.GetServices())
 	if err != nil {
@@ -196,8 +213,8 @@ func (s *Server) ApplyServices(_ context.Context, r *lbdv1.ApplyServicesRequest)
 }
 
 // CreateBackend implements lbdv1.LoadBalancerServiceServer.
-func (s *Server) CreateBackend(_ context.Context, r *lbdv1.CreateBackendRequest) (*lbdv1.CreateBackendResponse, error) {
-	b, err := s.st.CreateBackend(r.GetServiceName(), r.GetBackend())
+func (s *Server) CreateBackend(ctx context.Context, r *lbdv1.CreateBackendRequest) (*lbdv1.CreateBackendResponse, error) {
+	b, err := s.writer(ctx).CreateBackend(r.GetServiceName(), r.GetBackend())
 	if err != nil {
 		return nil, err
 	}
@@ -224,8 +241,8 @@ func (s *Server) ListBackends(_ context.Context, r *lbdv1.ListBackendsRequest) (
 }
 
 // UpdateBackend implements lbdv1.LoadBalancerServiceServer.
-func (s *Server) UpdateBackend(_ context.Context, r *lbdv1.UpdateBackendRequest) (*lbdv1.UpdateBackendResponse, error) {
-	b, err := s.st.UpdateBackendFields(r.GetServiceName(), r.GetBackend(), store.BackendUpdate{
+func (s *Server) UpdateBackend(ctx context.Context, r *lbdv1.UpdateBackendRequest) (*lbdv1.UpdateBackendResponse, error) {
+	b, err := s.writer(ctx).UpdateBackendFields(r.GetServiceName(), r.GetBackend(), store.BackendUpdate{
 		Fields: r.GetUpdateMask().GetPaths(), FromStates: r.GetOnlyFromStates(),
 	})
 	if err != nil {
@@ -236,8 +253,8 @@ func (s *Server) UpdateBackend(_ context.Context, r *lbdv1.UpdateBackendRequest)
 }
 
 // DeleteBackend implements lbdv1.LoadBalancerServiceServer.
-func (s *Server) DeleteBackend(_ context.Context, r *lbdv1.DeleteBackendRequest) (*lbdv1.DeleteBackendResponse, error) {
-	if err := s.st.DeleteBackend(r.GetServiceName(), r.GetAddress(), r.GetPort()); err != nil {
+func (s *Server) DeleteBackend(ctx context.Context, r *lbdv1.DeleteBackendRequest) (*lbdv1.DeleteBackendResponse, error) {
+	if err := s.writer(ctx).DeleteBackend(r.GetServiceName(), r.GetAddress(), r.GetPort()); err != nil {
 		return nil, err
 	}
 	s.log.Info("backend removed", "op", "delete-backend", "service", r.GetServiceName(), "backend", r.GetAddress(), "port", r.GetPort())

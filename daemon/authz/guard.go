@@ -21,11 +21,18 @@ type OwnerFunc func(service string) (owner string, found bool)
 type Guard struct {
 	policy atomic.Pointer[Policy]
 	owner  OwnerFunc
+	bind   BindFunc
 }
 
-// NewGuard returns a guard deciding with p; owner looks up stored services' owners.
-func NewGuard(p *Policy, owner OwnerFunc) *Guard {
-	g := &Guard{owner: owner}
+// BindFunc hands a writing call's OwnerCheck to what serves it, in its context (nil
+// check: the call is not limited to owners); the server must pass the check to the
+// store's change.
+type BindFunc func(context.Context, OwnerCheck) context.Context
+
+// NewGuard returns a guard deciding with p; owner looks up stored services' owners,
+// bind hands each writing call its owner check.
+func NewGuard(p *Policy, owner OwnerFunc, bind BindFunc) *Guard {
+	g := &Guard{owner: owner, bind: bind}
 	g.policy.Store(p)
 	return g
 }
@@ -46,6 +53,9 @@ func (g *Guard) UnaryInterceptor(ctx context.Context, req any, info *grpc.UnaryS
 	}
 	if err := p.checkOwners(id, info.FullMethod, req, g.owner); err != nil {
 		return nil, err
+	}
+	if methods[info.FullMethod] == Write {
+		ctx = g.bind(ctx, p.ownerCheck(id, info.FullMethod, req))
 	}
 	return handler(ctx, req)
 }
@@ -117,19 +127,24 @@ type ownerRef struct {
 	service, owner string
 }
 
-// checkOwners allows a writing call only on services of owners a writer's rule names
-// (admins: any); an operator's UpdateBackend only on weight and state.
-func (p *Policy) checkOwners(id Identity, method string, req any, lookup OwnerFunc) error {
+// OwnerCheck refuses a change to a service of an owner the caller may not change (the
+// store's check, daemon/store.OwnerCheck).
+type OwnerCheck = func(service, owner string) error
+
+// writerOwners returns the owner patterns a writing call of id is limited to; nil with
+// no error: the call is not limited (not a writing call, an admin, an operator's
+// UpdateBackend of weight and state).
+func (p *Policy) writerOwners(id Identity, method string, req any) ([]string, error) {
 	if methods[method] != Write {
-		return nil
+		return nil, nil
 	}
 	grants := p.grants(id)
 	if slices.ContainsFunc(grants, func(r rule) bool { return r.role == RoleAdmin }) {
-		return nil
+		return nil, nil
 	}
 	isOperator := slices.ContainsFunc(grants, func(r rule) bool { return r.role == RoleOperator })
 	if isOperator && operatorUpdate(req) {
-		return nil
+		return nil, nil
 	}
 	var owners []string
 	for _, r := range grants {
@@ -140,27 +155,62 @@ func (p *Policy) checkOwners(id Identity, method string, req any, lookup OwnerFu
 	if len(owners) == 0 {
 		// Only an operator gets here (the engine let no one else through): UpdateBackend
 		// on other fields than weight and state.
-		return status.Errorf(codes.PermissionDenied, "%s (%s, role operator) may change only a backend's %s (name them in the update mask), not other fields; see docs/security.md",
+		return nil, status.Errorf(codes.PermissionDenied, "%s (%s, role operator) may change only a backend's %s (name them in the update mask), not other fields; see docs/security.md",
 			id.Principal(), id.Transport, strings.Join(operatorBackendFields, " and "))
+	}
+	return owners, nil
+}
+
+// ownerRefused is the PERMISSION_DENIED error of a writer's change to ref, or nil if
+// one of owners matches ref's owner.
+func ownerRefused(id Identity, owners []string, ref ownerRef) error {
+	if slices.ContainsFunc(owners, func(o string) bool { return matchOwner(o, ref.owner) }) {
+		return nil
+	}
+	what := fmt.Sprintf("owner %q", ref.owner)
+	if ref.owner == "" {
+		what = "no owner"
+	}
+	if ref.service != "" {
+		what = fmt.Sprintf("service %q has %s", ref.service, what)
+	}
+	return status.Errorf(codes.PermissionDenied, "%s (%s, role writer) may change only services of owners %s; %s; see docs/security.md",
+		id.Principal(), id.Transport, quoteAll(owners), what)
+}
+
+// checkOwners allows a writing call only on services of owners a writer's rule names
+// (admins: any); an operator's UpdateBackend only on weight and state. It decides on
+// the request and the owners stored when the call starts; ownerCheck decides again
+// inside the store's change.
+func (p *Policy) checkOwners(id Identity, method string, req any, lookup OwnerFunc) error {
+	owners, err := p.writerOwners(id, method, req)
+	if err != nil || owners == nil {
+		return err
 	}
 	refs, err := touched(req, lookup)
 	if err != nil {
 		return err
 	}
 	for _, ref := range refs {
-		if !slices.ContainsFunc(owners, func(o string) bool { return matchOwner(o, ref.owner) }) {
-			what := fmt.Sprintf("owner %q", ref.owner)
-			if ref.owner == "" {
-				what = "no owner"
-			}
-			if ref.service != "" {
-				what = fmt.Sprintf("service %q has %s", ref.service, what)
-			}
-			return status.Errorf(codes.PermissionDenied, "%s (%s, role writer) may change only services of owners %s; %s; see docs/security.md",
-				id.Principal(), id.Transport, quoteAll(owners), what)
+		if err := ownerRefused(id, owners, ref); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// ownerCheck returns the check the store makes of every service a writing call of id
+// changes, in the transaction that changes it: no change of a service's owner between
+// checkOwners and the write lets a writer touch another owner's service. Nil: the call
+// is not limited to owners.
+func (p *Policy) ownerCheck(id Identity, method string, req any) OwnerCheck {
+	owners, err := p.writerOwners(id, method, req)
+	if err != nil || owners == nil {
+		return nil
+	}
+	return func(service, owner string) error {
+		return ownerRefused(id, owners, ownerRef{service: service, owner: owner})
+	}
 }
 
 func quoteAll(ss []string) string {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/lbd-dev/lbd/daemon/api"
 	"github.com/lbd-dev/lbd/daemon/audit"
 	"github.com/lbd-dev/lbd/daemon/authz"
 	"github.com/lbd-dev/lbd/daemon/config"
@@ -47,7 +48,7 @@ func newSecurity(c config.API, st *store.Store, met *metrics.Metrics, log hclog.
 		return svc.GetOwner(), true
 	}
 	s := &apiSecurity{
-		guard: authz.NewGuard(p, owner),
+		guard: authz.NewGuard(p, owner, api.WithOwnerCheck),
 		trail: audit.Open(audit.Options{File: c.Audit.File, MaxSizeMB: c.Audit.MaxSizeMB, MaxBackups: c.Audit.MaxBackups,
 			MaxAgeDays: c.Audit.MaxAgeDays, Logger: log.Named("audit")}),
 		limiter: throttle.New(throttle.Options{Rate: c.RateLimit.Rate, Burst: c.RateLimit.Burst, MaxOpen: c.RateLimit.MaxOpen,

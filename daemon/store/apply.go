@@ -16,20 +16,9 @@ type ApplyResult struct {
 	Changes []*lbdv1.ServiceChange
 }
 
-// ApplyServices makes the services of owner exactly svcs, all or nothing. Services of
-// other owners are never touched; a name or frontend they use is a conflict. The empty
-// owner is that of the services created one by one.
-func (s *Store) ApplyServices(owner string, svcs []*lbdv1.Service) (ApplyResult, error) {
-	return s.apply(owner, svcs, false)
-}
-
-// PlanServices is ApplyServices without the change: it checks svcs as ApplyServices
-// would and returns what it would do.
-func (s *Store) PlanServices(owner string, svcs []*lbdv1.Service) (ApplyResult, error) {
-	return s.apply(owner, svcs, true)
-}
-
-func (s *Store) apply(owner string, svcs []*lbdv1.Service, plan bool) (ApplyResult, error) {
+// apply makes the services of owner exactly svcs, all or nothing (ApplyServices), or
+// with plan only checks svcs and returns what it would do (PlanServices).
+func (s *Store) apply(owner string, svcs []*lbdv1.Service, plan bool, check OwnerCheck) (ApplyResult, error) {
 	var res ApplyResult
 	if owner != "" {
 		if err := validateName("owner", owner); err != nil {
@@ -60,7 +49,7 @@ func (s *Store) apply(owner string, svcs []*lbdv1.Service, plan bool) (ApplyResu
 		fronts[fk] = i
 		want = append(want, svc)
 	}
-	t := s.begin()
+	t := s.beginAs(check)
 	for i, svc := range want {
 		if old := t.service(svc.Name); old != nil && old.Owner != owner {
 			t.abort()
@@ -122,7 +111,10 @@ func (s *Store) apply(owner string, svcs []*lbdv1.Service, plan bool) (ApplyResu
 		return res, nil
 	}
 	if plan {
-		err := t.checkLimits()
+		err := t.checkOwners()
+		if err == nil {
+			err = t.checkLimits()
+		}
 		t.abort()
 		if err != nil {
 			return ApplyResult{}, err

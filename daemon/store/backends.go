@@ -11,8 +11,8 @@ import (
 )
 
 // editBackends runs edit on a copy of a service's backends and stores the result.
-func (s *Store) editBackends(serviceName string, edit func(svc *lbdv1.Service) error) (*lbdv1.Service, error) {
-	t := s.begin()
+func (s *Store) editBackends(serviceName string, check OwnerCheck, edit func(svc *lbdv1.Service) error) (*lbdv1.Service, error) {
+	t := s.beginAs(check)
 	old := t.service(serviceName)
 	if old == nil {
 		t.abort()
@@ -62,10 +62,10 @@ func parseBackendRef(address string, port uint32) (netip.AddrPort, error) {
 	return netip.AddrPortFrom(a.WithZone(""), uint16(port)), nil
 }
 
-// CreateBackend adds a backend to a service.
-func (s *Store) CreateBackend(serviceName string, in *lbdv1.Backend) (*lbdv1.Backend, error) {
+// createBackend adds a backend to a service.
+func (s *Store) createBackend(serviceName string, in *lbdv1.Backend, check OwnerCheck) (*lbdv1.Backend, error) {
 	var key netip.AddrPort
-	svc, err := s.editBackends(serviceName, func(svc *lbdv1.Service) error {
+	svc, err := s.editBackends(serviceName, check, func(svc *lbdv1.Service) error {
 		b, verr := normalizeBackend("backend", in, netip.MustParseAddr(svc.Vip), svc)
 		if verr != nil {
 			return verr
@@ -113,10 +113,10 @@ type BackendUpdate struct {
 	FromStates []lbdv1.BackendState
 }
 
-// UpdateBackendFields replaces the fields u names of a backend, keeping the others as
+// updateBackendFields replaces the fields u names of a backend, keeping the others as
 // stored, if the backend is in one of u.FromStates (when given); the state is checked
 // and the change made in one transaction.
-func (s *Store) UpdateBackendFields(serviceName string, in *lbdv1.Backend, u BackendUpdate) (*lbdv1.Backend, error) {
+func (s *Store) updateBackendFields(serviceName string, in *lbdv1.Backend, u BackendUpdate, check OwnerCheck) (*lbdv1.Backend, error) {
 	if in == nil {
 		return nil, invalid("backend", "is required")
 	}
@@ -135,7 +135,7 @@ func (s *Store) UpdateBackendFields(serviceName string, in *lbdv1.Backend, u Bac
 	if err != nil {
 		return nil, err
 	}
-	svc, err := s.editBackends(serviceName, func(svc *lbdv1.Service) error {
+	svc, err := s.editBackends(serviceName, check, func(svc *lbdv1.Service) error {
 		i := findBackend(svc, key)
 		if i < 0 {
 			return notFound("backend %s not found in service %q", key, serviceName)
@@ -174,13 +174,13 @@ func (s *Store) UpdateBackendFields(serviceName string, in *lbdv1.Backend, u Bac
 // updatableBackendFields are the fields UpdateBackend may be asked to replace alone.
 var updatableBackendFields = []string{"node_address", "weight", "state"}
 
-// DeleteBackend removes a backend from a service.
-func (s *Store) DeleteBackend(serviceName, address string, port uint32) error {
+// deleteBackend removes a backend from a service.
+func (s *Store) deleteBackend(serviceName, address string, port uint32, check OwnerCheck) error {
 	key, err := parseBackendRef(address, port)
 	if err != nil {
 		return err
 	}
-	_, err = s.editBackends(serviceName, func(svc *lbdv1.Service) error {
+	_, err = s.editBackends(serviceName, check, func(svc *lbdv1.Service) error {
 		i := findBackend(svc, key)
 		if i < 0 {
 			return notFound("backend %s not found in service %q", key, serviceName)

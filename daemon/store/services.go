@@ -6,13 +6,13 @@ import (
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 )
 
-// CreateService adds a service.
-func (s *Store) CreateService(in *lbdv1.Service) (*lbdv1.Service, error) {
+// createService adds a service.
+func (s *Store) createService(in *lbdv1.Service, check OwnerCheck) (*lbdv1.Service, error) {
 	svc, verr := normalizeService(in, s.opts.Limits)
 	if verr != nil {
 		return nil, verr
 	}
-	t := s.begin()
+	t := s.beginAs(check)
 	if t.service(svc.Name) != nil {
 		t.abort()
 		return nil, alreadyExists("service.name", "service %q already exists", svc.Name)
@@ -84,14 +84,14 @@ func (s *Store) ListServicesPage(owner, after string, limit int) ([]*lbdv1.Servi
 	return out, false
 }
 
-// UpdateService replaces a service's spec. The owner cannot change; expectedRevision, if
+// updateService replaces a service's spec. The owner cannot change; expectedRevision, if
 // non-zero, must match the stored revision.
-func (s *Store) UpdateService(in *lbdv1.Service, expectedRevision uint64) (*lbdv1.Service, error) {
+func (s *Store) updateService(in *lbdv1.Service, expectedRevision uint64, check OwnerCheck) (*lbdv1.Service, error) {
 	svc, verr := normalizeService(in, s.opts.Limits)
 	if verr != nil {
 		return nil, verr
 	}
-	t := s.begin()
+	t := s.beginAs(check)
 	old := t.service(svc.Name)
 	ok := old != nil
 	switch {
@@ -120,9 +120,9 @@ func (s *Store) UpdateService(in *lbdv1.Service, expectedRevision uint64) (*lbdv
 	return s.GetService(svc.Name)
 }
 
-// DeleteService removes a service.
-func (s *Store) DeleteService(name string) error {
-	t := s.begin()
+// deleteService removes a service.
+func (s *Store) deleteService(name string, check OwnerCheck) error {
+	t := s.beginAs(check)
 	old := t.service(name)
 	if old == nil {
 		t.abort()

@@ -37,6 +37,8 @@ type txn struct {
 	// shared marks a change that the shared store brought (ApplyShared): it is not
 	// written back, its IDs are the fleet's, and the fleet already checked its limits.
 	shared bool
+	// check is the caller's owner check (Writer); nil: none.
+	check OwnerCheck
 }
 
 func (s *Store) begin() *txn {
@@ -196,6 +198,9 @@ func (t *txn) abort() { t.s.writeMu.Unlock() }
 func (t *txn) commit() error {
 	s := t.s
 	defer s.writeMu.Unlock()
+	if err := t.checkOwners(); err != nil {
+		return err
+	}
 	if !t.shared {
 		if err := t.checkLimits(); err != nil {
 			return err
