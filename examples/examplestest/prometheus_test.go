@@ -138,6 +138,7 @@ func defaultSeries(t *testing.T) map[string]map[string][]string {
 	m.AddDrift(func() map[string]uint64 { return map[string]uint64{"maglev_table": 1} })
 	m.AddDrained(func() bool { return false })
 	m.AddBuildInfo("test", []string{"lb"})
+	m.AddFleet(func() (int, bool) { return 0, true }) // a node on the etcd store
 	m.AddBGP(func(context.Context) (advertise.Metrics, error) {
 		return advertise.Metrics{Running: true, Peers: []advertise.PeerMetrics{{Address: "198.18.0.254", AS: 65000, State: "established", Established: true}}}, nil
 	})
