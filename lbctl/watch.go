@@ -49,10 +49,11 @@ func (a *app) watchServices(ctx context.Context, owner string, keep func(*lbdv1.
 	if err != nil {
 		return err
 	}
-	stream, err := lb.WatchServices(ctx, &lbdv1.WatchServicesRequest{Owner: owner})
+	stream, err := lb.WatchServices(ctx, &lbdv1.WatchServicesRequest{Owner: owner, StalenessEvents: true})
 	if err != nil {
 		return err
 	}
+	stale := false
 	for {
 		ev, err := stream.Recv()
 		switch {
@@ -69,6 +70,11 @@ func (a *app) watchServices(ctx context.Context, owner string, keep func(*lbdv1.
 		// Streams bypass the interceptor that notes answers: an UNAVAILABLE from here
 		// on comes from lbd, not from failing to reach it.
 		a.opts.answered = true
+		// Staleness goes to stderr, as for reads; the printed events keep their layout.
+		stale, ev.StaleReason = a.warnWatchStale(stale, ev.GetStaleReason()), nil
+		if ev.Type == lbdv1.WatchEventType_WATCH_EVENT_TYPE_STALENESS {
+			continue
+		}
 		if ev.Type == lbdv1.WatchEventType_WATCH_EVENT_TYPE_SYNCED {
 			err = synced()
 		} else if keep(ev.Service) {
@@ -82,6 +88,19 @@ func (a *app) watchServices(ctx context.Context, owner string, keep func(*lbdv1.
 			return err
 		}
 	}
+}
+
+// warnWatchStale tells the user on stderr when what a watch shows starts being
+// possibly behind the node's fleet (as the warning of a stale read says), and when it
+// is current again; it returns whether it is now stale.
+func (a *app) warnWatchStale(was bool, reason string) bool {
+	switch {
+	case reason != "" && !was && a.opts.stderr != nil:
+		fmt.Fprintf(a.opts.stderr, "lbctl: warning: stale: %s\n", reason)
+	case reason == "" && was && a.opts.stderr != nil:
+		fmt.Fprintln(a.opts.stderr, "lbctl: no longer stale: lbd follows its fleet's services again")
+	}
+	return reason != ""
 }
 
 // printEvent prints one watch event as JSON (one line per event) or YAML (one document

@@ -13,6 +13,7 @@ import (
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
 
@@ -102,9 +103,13 @@ func New(opts Options) *Server {
 // gRPC server does not wait for clients that never hang up. Unary calls still finish.
 func (s *Server) Shutdown() { s.stopOnce.Do(func() { close(s.stopping) }) }
 
-// StreamInterceptor cancels a stream's context when Shutdown is called. Install it on
+// StreamInterceptor cancels a stream's context when Shutdown is called, and states the
+// staleness of what the node serves as the stream starts (StaleHeader). Install it on
 // every grpc.Server the API is registered on.
 func (s *Server) StreamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if r := s.staleHeader(); r != "" {
+		_ = ss.SetHeader(metadata.Pairs(StaleHeader, r))
+	}
 	ctx, cancel := context.WithCancel(ss.Context())
 	defer cancel()
 	go func() {

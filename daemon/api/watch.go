@@ -2,6 +2,7 @@ package api
 
 import (
 	"sync"
+	"time"
 
 	"github.com/lbd-dev/lbd/daemon/store"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
@@ -34,7 +35,8 @@ func (s *Server) WatchServices(r *lbdv1.WatchServicesRequest, stream lbdv1.LoadB
 	done := make(chan struct{})
 	defer close(done)
 	sent := make(chan error, 1)
-	go func() { sent <- sendWatch(stream, q, snap, done) }()
+	stale := &watchStaleness{reason: s.st.Stale, events: r.GetStalenessEvents()}
+	go func() { sent <- sendWatch(stream, q, snap, stale, done) }()
 	select {
 	case err := <-sent:
 		return err
@@ -48,23 +50,34 @@ func (s *Server) WatchServices(r *lbdv1.WatchServicesRequest, stream lbdv1.LoadB
 	}
 }
 
-// sendWatch sends the snapshot, SYNCED, then the queued changes until done.
-func sendWatch(stream lbdv1.LoadBalancerService_WatchServicesServer, q *watchQueue, snap []*lbdv1.Service, done <-chan struct{}) error {
+// sendWatch sends the snapshot, SYNCED, then the queued changes (and the changes of the
+// node's staleness, when asked for) until done. Every event says whether the node is
+// stale as it is sent.
+func sendWatch(stream lbdv1.LoadBalancerService_WatchServicesServer, q *watchQueue, snap []*lbdv1.Service, stale *watchStaleness, done <-chan struct{}) error {
 	for _, svc := range snap {
 		if q.owner != "" && svc.Owner != q.owner {
 			continue
 		}
-		if err := stream.Send(&lbdv1.WatchServicesResponse{Type: lbdv1.WatchEventType_WATCH_EVENT_TYPE_ADDED, Service: svc}); err != nil {
+		if err := stream.Send(stale.stamp(&lbdv1.WatchServicesResponse{Type: lbdv1.WatchEventType_WATCH_EVENT_TYPE_ADDED, Service: svc})); err != nil {
 			return err
 		}
 	}
-	if err := stream.Send(&lbdv1.WatchServicesResponse{Type: lbdv1.WatchEventType_WATCH_EVENT_TYPE_SYNCED}); err != nil {
+	if err := stream.Send(stale.stamp(&lbdv1.WatchServicesResponse{Type: lbdv1.WatchEventType_WATCH_EVENT_TYPE_SYNCED})); err != nil {
 		return err
 	}
+	tick := time.NewTicker(staleCheckInterval)
+	defer tick.Stop()
 	for {
 		select {
 		case <-done:
 			return nil
+		case <-tick.C:
+			if ev := stale.changed(); ev != nil {
+				if err := stream.Send(ev); err != nil {
+					return err
+				}
+			}
+			continue
 		case <-q.ready:
 		}
 		for _, ev := range q.take() {
@@ -75,7 +88,7 @@ func sendWatch(stream lbdv1.LoadBalancerService_WatchServicesServer, q *watchQue
 			case store.Deleted:
 				typ = lbdv1.WatchEventType_WATCH_EVENT_TYPE_DELETED
 			}
-			if err := stream.Send(&lbdv1.WatchServicesResponse{Type: typ, Service: ev.Service}); err != nil {
+			if err := stream.Send(stale.stamp(&lbdv1.WatchServicesResponse{Type: typ, Service: ev.Service})); err != nil {
 				return err
 			}
 		}

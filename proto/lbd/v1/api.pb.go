@@ -91,6 +91,9 @@ const (
 	WatchEventType_WATCH_EVENT_TYPE_DELETED     WatchEventType = 3
 	// Every existing service has been sent; changes follow.
 	WatchEventType_WATCH_EVENT_TYPE_SYNCED WatchEventType = 4
+	// The node's staleness changed (stale_reason says how it is now); no service. Sent
+	// only to watches that asked for it (staleness_events).
+	WatchEventType_WATCH_EVENT_TYPE_STALENESS WatchEventType = 5
 )
 
 // Enum value maps for WatchEventType.
@@ -101,6 +104,7 @@ var (
 		2: "WATCH_EVENT_TYPE_MODIFIED",
 		3: "WATCH_EVENT_TYPE_DELETED",
 		4: "WATCH_EVENT_TYPE_SYNCED",
+		5: "WATCH_EVENT_TYPE_STALENESS",
 	}
 	WatchEventType_value = map[string]int32{
 		"WATCH_EVENT_TYPE_UNSPECIFIED": 0,
@@ -108,6 +112,7 @@ var (
 		"WATCH_EVENT_TYPE_MODIFIED":    2,
 		"WATCH_EVENT_TYPE_DELETED":     3,
 		"WATCH_EVENT_TYPE_SYNCED":      4,
+		"WATCH_EVENT_TYPE_STALENESS":   5,
 	}
 )
 
@@ -830,9 +835,13 @@ func (x *ServiceChange) GetAfter() *Service {
 type WatchServicesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Only services of this owner; empty watches all.
-	Owner         string `protobuf:"bytes,1,opt,name=owner,proto3" json:"owner,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Owner string `protobuf:"bytes,1,opt,name=owner,proto3" json:"owner,omitempty"`
+	// Also send a STALENESS event whenever the node's services start or stop possibly
+	// being behind its fleet's (etcd store lost, or back). Off by default: clients that
+	// do not know the event type never get it.
+	StalenessEvents bool `protobuf:"varint,2,opt,name=staleness_events,json=stalenessEvents,proto3" json:"staleness_events,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *WatchServicesRequest) Reset() {
@@ -872,11 +881,24 @@ func (x *WatchServicesRequest) GetOwner() string {
 	return ""
 }
 
+func (x *WatchServicesRequest) GetStalenessEvents() bool {
+	if x != nil {
+		return x.StalenessEvents
+	}
+	return false
+}
+
 type WatchServicesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Type  WatchEventType         `protobuf:"varint,1,opt,name=type,proto3,enum=lbd.v1.WatchEventType" json:"type,omitempty"`
-	// The service after the change (before it, for DELETED); absent for SYNCED.
-	Service       *Service `protobuf:"bytes,2,opt,name=service,proto3" json:"service,omitempty"`
+	// The service after the change (before it, for DELETED); absent for SYNCED and
+	// STALENESS.
+	Service *Service `protobuf:"bytes,2,opt,name=service,proto3" json:"service,omitempty"`
+	// Set while the services this node serves may be behind its fleet's (the etcd store
+	// cannot be reached, or has not been read since the node started): why, and as of
+	// which revision, as the lbd-stale header of unary reads says. Absent when the node
+	// follows its fleet, and always with the file store.
+	StaleReason   *string `protobuf:"bytes,3,opt,name=stale_reason,json=staleReason,proto3,oneof" json:"stale_reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -923,6 +945,13 @@ func (x *WatchServicesResponse) GetService() *Service {
 		return x.Service
 	}
 	return nil
+}
+
+func (x *WatchServicesResponse) GetStaleReason() string {
+	if x != nil && x.StaleReason != nil {
+		return *x.StaleReason
+	}
+	return ""
 }
 
 type CreateBackendRequest struct {
@@ -2973,12 +3002,15 @@ const file_lbd_v1_api_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12-\n" +
 	"\x04type\x18\x02 \x01(\x0e2\x19.lbd.v1.ServiceChangeTypeR\x04type\x12'\n" +
 	"\x06before\x18\x03 \x01(\v2\x0f.lbd.v1.ServiceR\x06before\x12%\n" +
-	"\x05after\x18\x04 \x01(\v2\x0f.lbd.v1.ServiceR\x05after\",\n" +
+	"\x05after\x18\x04 \x01(\v2\x0f.lbd.v1.ServiceR\x05after\"W\n" +
 	"\x14WatchServicesRequest\x12\x14\n" +
-	"\x05owner\x18\x01 \x01(\tR\x05owner\"n\n" +
+	"\x05owner\x18\x01 \x01(\tR\x05owner\x12)\n" +
+	"\x10staleness_events\x18\x02 \x01(\bR\x0fstalenessEvents\"\xa7\x01\n" +
 	"\x15WatchServicesResponse\x12*\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x16.lbd.v1.WatchEventTypeR\x04type\x12)\n" +
-	"\aservice\x18\x02 \x01(\v2\x0f.lbd.v1.ServiceR\aservice\"d\n" +
+	"\aservice\x18\x02 \x01(\v2\x0f.lbd.v1.ServiceR\aservice\x12&\n" +
+	"\fstale_reason\x18\x03 \x01(\tH\x00R\vstaleReason\x88\x01\x01B\x0f\n" +
+	"\r_stale_reason\"d\n" +
 	"\x14CreateBackendRequest\x12!\n" +
 	"\fservice_name\x18\x01 \x01(\tR\vserviceName\x12)\n" +
 	"\abackend\x18\x02 \x01(\v2\x0f.lbd.v1.BackendR\abackend\"B\n" +
@@ -3092,13 +3124,14 @@ const file_lbd_v1_api_proto_rawDesc = "" +
 	"\x1fSERVICE_CHANGE_TYPE_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bSERVICE_CHANGE_TYPE_CREATED\x10\x01\x12\x1f\n" +
 	"\x1bSERVICE_CHANGE_TYPE_UPDATED\x10\x02\x12\x1f\n" +
-	"\x1bSERVICE_CHANGE_TYPE_DELETED\x10\x03*\xa8\x01\n" +
+	"\x1bSERVICE_CHANGE_TYPE_DELETED\x10\x03*\xc8\x01\n" +
 	"\x0eWatchEventType\x12 \n" +
 	"\x1cWATCH_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16WATCH_EVENT_TYPE_ADDED\x10\x01\x12\x1d\n" +
 	"\x19WATCH_EVENT_TYPE_MODIFIED\x10\x02\x12\x1c\n" +
 	"\x18WATCH_EVENT_TYPE_DELETED\x10\x03\x12\x1b\n" +
-	"\x17WATCH_EVENT_TYPE_SYNCED\x10\x042\xe5\t\n" +
+	"\x17WATCH_EVENT_TYPE_SYNCED\x10\x04\x12\x1e\n" +
+	"\x1aWATCH_EVENT_TYPE_STALENESS\x10\x052\xe5\t\n" +
 	"\x13LoadBalancerService\x12L\n" +
 	"\rCreateService\x12\x1c.lbd.v1.CreateServiceRequest\x1a\x1d.lbd.v1.CreateServiceResponse\x12C\n" +
 	"\n" +
@@ -3338,6 +3371,7 @@ func file_lbd_v1_api_proto_init() {
 	file_lbd_v1_datapath_proto_init()
 	file_lbd_v1_node_proto_init()
 	file_lbd_v1_service_proto_init()
+	file_lbd_v1_api_proto_msgTypes[14].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -71,7 +71,10 @@ type LoadBalancerServiceClient interface {
 	// WatchServices streams the current services, a SYNCED marker, then every change. A
 	// node serves api.max_watchers watches at once; one more is refused with
 	// RESOURCE_EXHAUSTED. A watch that falls more than api.watch_backlog changes behind
-	// is ended with RESOURCE_EXHAUSTED: watch again for a fresh snapshot.
+	// is ended with RESOURCE_EXHAUSTED: watch again for a fresh snapshot. On the etcd
+	// store, every event says whether the node's services may be behind its fleet's
+	// (stale_reason), and with staleness_events the watch also says when that starts and
+	// ends.
 	WatchServices(ctx context.Context, in *WatchServicesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchServicesResponse], error)
 	// CreateBackend adds a backend to a service.
 	CreateBackend(ctx context.Context, in *CreateBackendRequest, opts ...grpc.CallOption) (*CreateBackendResponse, error)
@@ -300,7 +303,10 @@ type LoadBalancerServiceServer interface {
 	// WatchServices streams the current services, a SYNCED marker, then every change. A
 	// node serves api.max_watchers watches at once; one more is refused with
 	// RESOURCE_EXHAUSTED. A watch that falls more than api.watch_backlog changes behind
-	// is ended with RESOURCE_EXHAUSTED: watch again for a fresh snapshot.
+	// is ended with RESOURCE_EXHAUSTED: watch again for a fresh snapshot. On the etcd
+	// store, every event says whether the node's services may be behind its fleet's
+	// (stale_reason), and with staleness_events the watch also says when that starts and
+	// ends.
 	WatchServices(*WatchServicesRequest, grpc.ServerStreamingServer[WatchServicesResponse]) error
 	// CreateBackend adds a backend to a service.
 	CreateBackend(context.Context, *CreateBackendRequest) (*CreateBackendResponse, error)
