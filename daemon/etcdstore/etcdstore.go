@@ -61,10 +61,12 @@ type Options struct {
 
 // Client is a connection to the fleet's etcd cluster.
 type Client struct {
-	cli     *clientv3.Client
-	prefix  string
-	timeout time.Duration
-	log     hclog.Logger
+	cli       *clientv3.Client
+	endpoints []string
+	tls       *tls.Config
+	prefix    string
+	timeout   time.Duration
+	log       hclog.Logger
 }
 
 // Open prepares a client. It does not wait for etcd: an unreachable cluster shows up as
@@ -107,7 +109,7 @@ func Open(opts Options) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("etcd client: %w", err)
 	}
-	return &Client{cli: cli, prefix: opts.Prefix, timeout: opts.Timeout, log: opts.Logger}, nil
+	return &Client{cli: cli, endpoints: opts.Endpoints, tls: tlsCfg, prefix: opts.Prefix, timeout: opts.Timeout, log: opts.Logger}, nil
 }
 
 func clientTLS(o Options) (*tls.Config, error) {
@@ -164,7 +166,7 @@ func (c *Client) Load(ctx context.Context) (State, error) {
 	defer cancel()
 	resp, err := c.cli.Get(ctx, c.prefix+"state/", clientv3.WithPrefix())
 	if err != nil {
-		return State{}, unavailable("read the fleet's services", err)
+		return State{}, c.unreachable("read the fleet's services", err)
 	}
 	st := State{Revision: resp.Header.Revision, Head: &statev1.FleetHead{}}
 	for _, kv := range resp.Kvs {
@@ -224,7 +226,7 @@ func (c *Client) Commit(ctx context.Context, headRev int64, head *statev1.FleetH
 	case errors.Is(err, rpctypes.ErrRequestTooLarge):
 		return 0, fmt.Errorf("the change is larger than etcd's --max-request-bytes allows: raise it on the members or change fewer services at once: %w", err)
 	case err != nil:
-		return 0, unavailable("write the fleet's services", err)
+		return 0, c.unreachable("write the fleet's services", err)
 	case !resp.Succeeded:
 		return 0, ErrConflict
 	}
@@ -309,7 +311,7 @@ func (c *Client) Ping(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	if _, err := c.cli.Get(ctx, c.headKey(), clientv3.WithCountOnly()); err != nil {
-		return unavailable("reach etcd", err)
+		return c.unreachable("reach etcd", err)
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -240,6 +241,40 @@ func drain(ch chan map[string]*lbdv1.FleetNode) chan map[string]*lbdv1.FleetNode
 		case <-ch:
 		default:
 			return ch
+		}
+	}
+}
+
+// TestTLS: with the store.tls files of the members' CA the client reads and writes; a
+// CA that did not sign the members' certificates, or a client certificate of another
+// CA, is refused, and the error says which.
+func TestTLS(t *testing.T) {
+	c := etcdtest.Start(t, etcdtest.Options{TLS: true, Members: 1})
+	open := func(ca, cert, key string) *Client {
+		cl, err := Open(Options{Endpoints: c.Endpoints(), Prefix: "/t/", CAFile: ca, CertFile: cert, KeyFile: key, Timeout: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cl.Close() })
+		return cl
+	}
+	cert, key := c.CA.Issue("lb1")
+	if _, err := open(c.CA.File, cert, key).Commit(context.Background(), 0, &statev1.FleetHead{HashSeed: 1}, nil, nil); err != nil {
+		t.Fatalf("a client with the members' CA: %v", err)
+	}
+	other := etcdtest.NewCA(t, t.TempDir(), "other-ca")
+	otherCert, otherKey := other.Issue("lb2")
+	for _, tc := range []struct {
+		name, ca, cert, key, want string
+	}{
+		{"trusting another CA", other.File, cert, key, "certificate signed by unknown authority"},
+		{"a client certificate of another CA", c.CA.File, otherCert, otherKey, "remote error: tls: "},
+	} {
+		err := open(tc.ca, tc.cert, tc.key).Ping(context.Background())
+		if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want ErrUnavailable saying %q", tc.name, err, tc.want)
+		} else {
+			t.Logf("%s: %v", tc.name, err)
 		}
 	}
 }

@@ -1,0 +1,90 @@
+package etcdstore
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// diagnoseTimeout bounds the connection attempts that find out why etcd did not
+// answer.
+const diagnoseTimeout = time.Second
+
+// unreachable wraps a failed request like unavailable, and when the request only timed
+// out or found no connection (the etcd client retries until its deadline and keeps the
+// cause to itself), adds why the endpoints cannot be reached, as far as a connection
+// to each of them tells: refused, timed out, a certificate that does not verify or
+// that the members refuse. Nothing is added when every endpoint accepts a connection.
+func (c *Client) unreachable(op string, err error) error {
+	if s, _ := status.FromError(err); !errors.Is(err, context.DeadlineExceeded) && s.Code() != codes.DeadlineExceeded && s.Code() != codes.Unavailable {
+		return unavailable(op, err)
+	}
+	if why := c.diagnose(); why != "" {
+		err = fmt.Errorf("%w (%s)", err, why)
+	}
+	return unavailable(op, err)
+}
+
+// diagnose connects to every endpoint, with TLS when the client uses it, and lists the
+// failures.
+func (c *Client) diagnose() string {
+	var mu sync.Mutex
+	var fails []string
+	var wg sync.WaitGroup
+	for _, ep := range c.endpoints {
+		wg.Go(func() {
+			if err := c.dialEndpoint(ep); err != nil {
+				mu.Lock()
+				fails = append(fails, fmt.Sprintf("%s: %v", ep, err))
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return strings.Join(fails, "; ")
+}
+
+// dialEndpoint connects to one endpoint and completes a TLS handshake; a member that
+// refuses the client's certificate says so in an alert right after it, which a short
+// read catches (a member that accepted it waits for the client to speak first).
+func (c *Client) dialEndpoint(ep string) error {
+	u, err := url.Parse(ep)
+	if err != nil || u.Host == "" {
+		return fmt.Errorf("not a URL: %q", ep)
+	}
+	d := &net.Dialer{Timeout: diagnoseTimeout}
+	conn, err := d.Dial("tcp", u.Host)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if c.tls == nil || u.Scheme != "https" {
+		return nil
+	}
+	cfg := c.tls.Clone()
+	cfg.ServerName = u.Hostname()
+	cfg.NextProtos = []string{"h2"}
+	tc := tls.Client(conn, cfg)
+	tc.SetDeadline(time.Now().Add(diagnoseTimeout))
+	if err := tc.Handshake(); err != nil {
+		return err
+	}
+	tc.SetReadDeadline(time.Now().Add(diagnoseTimeout / 4))
+	if _, err := tc.Read(make([]byte, 1)); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+		var alert tls.AlertError
+		if errors.As(err, &alert) || strings.Contains(err.Error(), "remote error") {
+			return err
+		}
+	}
+	return nil
+}
