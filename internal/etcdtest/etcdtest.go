@@ -12,6 +12,7 @@ package etcdtest
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -68,6 +69,10 @@ type Options struct {
 	Addrs      []netip.Addr
 	// Dir holds the members' data directories and logs (default: a test temp dir).
 	Dir string
+	// TLS runs the members as docs/deploy-fleet.md does: https for clients and peers,
+	// with certificates of a CA made for the test (Cluster.CA), and client
+	// certificates required of both.
+	TLS bool
 }
 
 // Cluster is a running etcd cluster.
@@ -75,6 +80,10 @@ type Cluster struct {
 	tb      testing.TB
 	bin     string
 	Members []*Member
+	// CA issued the members' certificates (Options.TLS); nil without TLS. Clients
+	// need a certificate of it (CA.Issue).
+	CA        *CA
+	clientTLS *tls.Config
 }
 
 // Member is one etcd process of a cluster.
@@ -85,8 +94,10 @@ type Member struct {
 	PeerURL   string
 	ns        *testnet.NS
 	dir, log  string
-	initial   string // --initial-cluster
-	proc      *testnet.Proc
+	// certFile and keyFile are its certificate, for clients and peers (TLS).
+	certFile, keyFile string
+	initial           string // --initial-cluster
+	proc              *testnet.Proc
 	// stopped is set by Stop and Kill: the member is not meant to run.
 	stopped bool
 }
@@ -106,16 +117,25 @@ func Start(tb testing.TB, opts Options) *Cluster {
 	if dir == "" {
 		dir = tb.TempDir()
 	}
+	scheme := "http://"
+	if opts.TLS {
+		scheme = "https://"
+		c.CA = NewCA(tb, filepath.Join(dir, "pki"), "etcdtest-ca")
+		c.clientTLS = c.CA.clientTLS()
+	}
 	var initial []string
 	for i := range n {
 		m := &Member{c: c, Name: fmt.Sprintf("m%d", i+1)}
 		if opts.Namespaces != nil {
 			m.ns = opts.Namespaces[i]
-			m.ClientURL = "http://" + net.JoinHostPort(opts.Addrs[i].String(), "2379")
-			m.PeerURL = "http://" + net.JoinHostPort(opts.Addrs[i].String(), "2380")
+			m.ClientURL = scheme + net.JoinHostPort(opts.Addrs[i].String(), "2379")
+			m.PeerURL = scheme + net.JoinHostPort(opts.Addrs[i].String(), "2380")
 		} else {
-			m.ClientURL = "http://127.0.0.1:" + strconv.Itoa(freePort(tb))
-			m.PeerURL = "http://127.0.0.1:" + strconv.Itoa(freePort(tb))
+			m.ClientURL = scheme + "127.0.0.1:" + strconv.Itoa(freePort(tb))
+			m.PeerURL = scheme + "127.0.0.1:" + strconv.Itoa(freePort(tb))
+		}
+		if opts.TLS {
+			m.certFile, m.keyFile = c.CA.Issue(m.Name, memberIP(m.ClientURL))
 		}
 		m.dir = filepath.Join(dir, "etcd-"+m.Name)
 		m.log = filepath.Join(dir, "etcd-"+m.Name+".log")
@@ -172,7 +192,7 @@ func (c *Cluster) dialOptions() []grpc.DialOption {
 // Client returns a client of the whole cluster, closed when the test ends.
 func (c *Cluster) Client() *clientv3.Client {
 	c.tb.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(), DialOptions: c.dialOptions()})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(), DialOptions: c.dialOptions(), TLS: c.clientTLS})
 	if err != nil {
 		c.tb.Fatalf("etcd client: %v", err)
 	}
@@ -227,7 +247,7 @@ func (c *Cluster) healthy() error {
 
 func (c *Cluster) probe(eps []string, fn func(context.Context, *clientv3.Client) error) error {
 	// Its retries while members start are expected: no log of them.
-	cli, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: time.Second, Logger: zap.NewNop(), DialOptions: c.dialOptions()})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: time.Second, Logger: zap.NewNop(), DialOptions: c.dialOptions(), TLS: c.clientTLS})
 	if err != nil {
 		return err
 	}
@@ -235,6 +255,61 @@ func (c *Cluster) probe(eps []string, fn func(context.Context, *clientv3.Client)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	return fn(ctx, cli)
+}
+
+// WaitLeader waits until a running member is the leader of the running members (a
+// quorum elected it), and returns it.
+func (c *Cluster) WaitLeader(timeout time.Duration) *Member {
+	c.tb.Helper()
+	deadline := time.Now().Add(timeout)
+	var last error
+	for time.Now().Before(deadline) {
+		var m *Member
+		if m, last = c.leader(); last == nil {
+			return m
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	c.tb.Fatalf("no etcd leader after %v: %v", timeout, last)
+	return nil
+}
+
+// leader asks every running member for the leader it follows: the one that names
+// itself, if the others agree.
+func (c *Cluster) leader() (*Member, error) {
+	var lead *Member
+	var ids []uint64
+	for _, m := range c.Members {
+		if !m.Running() {
+			continue
+		}
+		var id, self uint64
+		if err := c.probe([]string{m.ClientURL}, func(ctx context.Context, cli *clientv3.Client) error {
+			st, err := cli.Status(ctx, m.ClientURL)
+			if err == nil {
+				id, self = st.Leader, st.Header.MemberId
+			}
+			return err
+		}); err != nil {
+			return nil, fmt.Errorf("member %s: %w", m.Name, err)
+		}
+		if id == 0 {
+			return nil, fmt.Errorf("member %s has no leader", m.Name)
+		}
+		if id == self {
+			lead = m
+		}
+		ids = append(ids, id)
+	}
+	for _, id := range ids {
+		if id != ids[0] {
+			return nil, fmt.Errorf("the members name different leaders: %x", ids)
+		}
+	}
+	if lead == nil {
+		return nil, errors.New("no running member leads")
+	}
+	return lead, nil
 }
 
 // Running reports whether the member's process runs.
@@ -263,6 +338,11 @@ func (m *Member) Start() {
 		// Tests lose nothing they need when a member's writes are not fsynced: a
 		// killed process's writes are in the page cache, only a machine crash loses them.
 		"--unsafe-no-fsync",
+	}
+	if m.c.CA != nil {
+		argv = append(argv,
+			"--client-cert-auth", "--trusted-ca-file", m.c.CA.File, "--cert-file", m.certFile, "--key-file", m.keyFile,
+			"--peer-client-cert-auth", "--peer-trusted-ca-file", m.c.CA.File, "--peer-cert-file", m.certFile, "--peer-key-file", m.keyFile)
 	}
 	var cmd *exec.Cmd
 	if m.ns != nil {

@@ -4,10 +4,12 @@ package etcdtest
 
 import (
 	"context"
+	"crypto/tls"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 )
 
 // TestCluster checks what the fleet tests rely on: a three-member cluster serves
@@ -54,5 +56,34 @@ func TestCluster(t *testing.T) {
 	}
 	if len(keys) != 2 || keys[0] != "/t/a" || keys[1] != "/t/b" {
 		t.Fatalf("keys after restart: %q, want [/t/a /t/b]", keys)
+	}
+}
+
+// TestClusterTLS: a cluster with TLS serves a client with a certificate of its CA, and
+// refuses one that trusts another CA, and one without a client certificate.
+func TestClusterTLS(t *testing.T) {
+	c := Start(t, Options{TLS: true})
+	if err := c.probe(c.Endpoints(), func(ctx context.Context, cli *clientv3.Client) error {
+		_, err := cli.Put(ctx, "/t/tls", "v")
+		return err
+	}); err != nil {
+		t.Fatalf("a client of the cluster's CA: %v", err)
+	}
+	other := NewCA(t, t.TempDir(), "other-ca")
+	for name, cfg := range map[string]*tls.Config{
+		"trusting another CA":   other.clientTLS(),
+		"without a certificate": {RootCAs: c.clientTLS.RootCAs, MinVersion: tls.VersionTLS12},
+	} {
+		cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: time.Second, Logger: zap.NewNop(), TLS: cfg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		_, err = cli.Put(ctx, "/t/tls", "x")
+		cancel()
+		cli.Close()
+		if err == nil {
+			t.Errorf("a client %s could write", name)
+		}
 	}
 }
