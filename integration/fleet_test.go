@@ -5,7 +5,9 @@ package integration
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -21,12 +23,15 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
 )
 
 // The fleet tests run the LB daemons on the etcd store: one etcd member in each LB
 // node's namespace, on the node's fabric address (a small fleet can run them there, as
 // docs/deploy-fleet.md says), every daemon with the whole cluster as its endpoints.
+// Members and daemons use TLS as that guide sets it up: certificates of one CA, client
+// certificates required.
 
 // startEtcd starts the cluster of options.etcd, before the daemons.
 func (tb *testbed) startEtcd() {
@@ -36,17 +41,32 @@ func (tb *testbed) startEtcd() {
 		nss = append(nss, lb.ns)
 		addrs = append(addrs, lb.addr4)
 	}
-	tb.etcd = etcdtest.Start(tb.t, etcdtest.Options{Namespaces: nss, Addrs: addrs, Dir: tb.dir})
+	tb.etcd = etcdtest.Start(tb.t, etcdtest.Options{Namespaces: nss, Addrs: addrs, Dir: tb.dir, TLS: true})
 }
 
-// storeConfig is the store section of an LB daemon on the etcd store.
-func (d *daemon) storeConfig() string {
+// storeConfig is the store section of an LB daemon on the etcd store, as
+// docs/deploy-fleet.md writes it; caFile replaces the CA the members' certificates
+// come from when set.
+func (d *daemon) storeConfig(caFile string) string {
 	eps := make([]string, 0, len(d.tb.etcd.Members))
 	for _, m := range d.tb.etcd.Members {
 		eps = append(eps, m.ClientURL)
 	}
-	return fmt.Sprintf("store: {type: etcd, endpoints: [%s], prefix: /lbd/it-%s/, node_name: %s, timeout: 2s}\n",
-		strings.Join(eps, ", "), d.tb.sfx, d.node.name)
+	if caFile == "" {
+		caFile = d.tb.etcd.CA.File
+	}
+	cert, key := d.tb.etcd.CA.Issue(d.node.name)
+	return fmt.Sprintf(`store:
+  type: etcd
+  endpoints: [%s]
+  prefix: /lbd/it-%s/
+  node_name: %s
+  timeout: 2s
+  tls:
+    ca_file: %s
+    cert_file: %s
+    key_file: %s
+`, strings.Join(eps, ", "), d.tb.sfx, d.node.name, caFile, cert, key)
 }
 
 // waitFleet waits until a daemon on the etcd store has read the fleet: until then it
@@ -252,6 +272,160 @@ func TestFleetEtcd(t *testing.T) {
 		}
 		t.Logf("20 rounds of two nodes editing one backend at once: %d ABORTED answers, retried; no edit lost", aborted)
 	})
+
+	t.Run("services files", func(t *testing.T) {
+		before := tb.fleetServices(t, lb3)
+		revBefore := lb3.fleetRevision(t)
+		// What one node exports, applied through another, changes nothing anywhere.
+		code, out, errOut := tb.shell(t, "", fmt.Sprintf("set -o pipefail; %[1]s -s unix://%[2]s export | %[1]s -s unix://%[3]s -o json apply -f -",
+			tb.lbctlBin, lb1.sock, lb2.sock))
+		if r := applyAnswer(t, code, out, errOut); r.Created+r.Updated+r.Deleted != 0 || len(r.Changes) != 0 || r.Unchanged != uint32(len(before)) {
+			t.Fatalf("lbctl export | lbctl apply -f -: %v", r)
+		}
+		if after := tb.fleetServices(t, lb3); !maps.EqualFunc(before, after, func(a, b *lbdv1.Service) bool { return proto.Equal(a, b) }) {
+			t.Fatalf("lbctl export | lbctl apply -f - changed services: before %v, after %v", before, after)
+		}
+		if rev := lb3.fleetRevision(t); rev != revBefore {
+			t.Fatalf("lbctl export | lbctl apply -f - wrote to etcd: the fleet's revision went from %d to %d", revBefore, rev)
+		}
+
+		// An edited file: one service removed, one added, one backend's weight changed.
+		_, exported, _ := tb.lbctlCode(t, "-s", "unix://"+lb1.sock, "export")
+		file := editServicesFile(t, exported)
+		code, out, errOut = tb.shell(t, file, fmt.Sprintf("%s -s unix://%s -o json diff -f -", tb.lbctlBin, lb2.sock))
+		diff := applyAnswer(t, code, out, errOut)
+		if rev := lb3.fleetRevision(t); rev != revBefore {
+			t.Fatalf("lbctl diff -f wrote to etcd: the fleet's revision went from %d to %d", revBefore, rev)
+		}
+		code, out, errOut = tb.shell(t, file, fmt.Sprintf("%s -s unix://%s -o json apply -f -", tb.lbctlBin, lb1.sock))
+		applied := applyAnswer(t, code, out, errOut)
+		if diff.Created != 1 || diff.Updated != 1 || diff.Deleted != 1 || len(diff.Changes) != 3 {
+			t.Fatalf("lbctl diff -f of a file with one service added, removed and changed each: %v", diff)
+		}
+		if len(diff.Changes) != len(applied.Changes) {
+			t.Fatalf("diff listed %d changes, apply made %d", len(diff.Changes), len(applied.Changes))
+		}
+		for i, d := range diff.Changes {
+			if a := applied.Changes[i]; d.Name != a.Name || d.Type != a.Type || !sameSpec(d.After, a.After) || !sameSpec(d.Before, a.Before) {
+				t.Fatalf("change %d: diff listed %v, apply made %v", i, d, a)
+			}
+		}
+		// The changes apply made are the changes every node has: another node's
+		// services differ from before in exactly those.
+		tb.waitServiceReady(t, "filed")
+		after := tb.fleetServices(t, lb3)
+		seen := map[string]bool{}
+		for _, c := range applied.Changes {
+			seen[c.Name] = true
+			switch b, a := before[c.Name], after[c.Name]; c.Type {
+			case lbdv1.ServiceChangeType_SERVICE_CHANGE_TYPE_CREATED:
+				if b != nil || !sameSpec(a, c.After) {
+					t.Errorf("%s created: on lb3 before %v, after %v; want %v", c.Name, b, a, c.After)
+				}
+			case lbdv1.ServiceChangeType_SERVICE_CHANGE_TYPE_DELETED:
+				if b == nil || a != nil {
+					t.Errorf("%s deleted: on lb3 before %v, after %v", c.Name, b, a)
+				}
+			case lbdv1.ServiceChangeType_SERVICE_CHANGE_TYPE_UPDATED:
+				if b == nil || a == nil || a.Revision == b.Revision || !sameSpec(a, c.After) || !sameSpec(b, c.Before) {
+					t.Errorf("%s updated: on lb3 before %v, after %v; want %v then %v", c.Name, b, a, c.Before, c.After)
+				}
+			}
+		}
+		for name, b := range before {
+			if !seen[name] && !proto.Equal(b, after[name]) {
+				t.Errorf("%s is in no change, but lb3 has %v, had %v", name, after[name], b)
+			}
+		}
+		t.Logf("lbctl diff -f listed, and apply -f made: %s", changeNames(applied.Changes))
+	})
+
+	t.Run("node given another service", func(t *testing.T) {
+		testnet.Require(t, "nft")
+		// The one way a node can hold a service its fleet lacks: its copy changed
+		// while it was off the etcd store (moved back to the file store, a service
+		// created there), and it comes back to the etcd store cut off from etcd.
+		lb2.stop(t)
+		lb2.fileStore = true
+		lb2.start(t)
+		lb2.lbctl(t, "service", "create", "rogue", "--vip", "203.0.113.24", "--port", "80",
+			"--backend", netip.AddrPortFrom(tb.backends[0].addr4, httpPort).String())
+		lb2.stop(t)
+		lb2.node.ns.Exec(t, "nft", "add table inet lbdit; add chain inet lbdit out { type filter hook output priority 0; }; add rule inet lbdit out tcp dport 2379 drop")
+		lb2.fileStore = false
+		lb2.start(t)
+		if r := lb2.staleHeader(t); !strings.Contains(r, "this is the node's local copy") {
+			t.Fatalf("lb2 started cut off from etcd: reads say %q", r)
+		}
+		if _, err := lb2.serviceOn("rogue"); err != nil {
+			t.Fatalf("lb2 started cut off from etcd serves no rogue: %v", err)
+		}
+		if n := parseMetrics(t, lb2.scrape(t))["lbd_fleet_stale"]; n != 1 {
+			t.Fatalf("lb2 started cut off from etcd: lbd_fleet_stale %v", n)
+		}
+		// The fleet cannot see lb2 (it cannot register), nor take its service.
+		eventually(t, 15*time.Second, func() error {
+			if _, r := fleetStatus(t, lb1); len(r.Nodes) != 2 {
+				return fmt.Errorf("lb1's fleet status lists %d nodes, want lb2 left out", len(r.Nodes))
+			}
+			return nil
+		})
+		lb2.node.ns.Exec(t, "nft", "delete table inet lbdit")
+		reached := time.Now()
+		var sawRogue bool
+		eventually(t, 10*time.Second, func() error {
+			for _, d := range []*daemon{lb1, lb3} {
+				if _, err := d.serviceOn("rogue"); status.Code(err) != codes.NotFound {
+					t.Fatalf("%s has lb2's rogue service: %v", d.node.name, err)
+				}
+			}
+			code, r := fleetStatus(t, lb1)
+			sawRogue = sawRogue || strings.Contains(divergedNames(r), "rogue")
+			if _, err := lb2.serviceOn("rogue"); status.Code(err) != codes.NotFound {
+				return fmt.Errorf("lb2 still serves rogue: %v", err)
+			}
+			if code != 0 || len(r.Nodes) != 3 || len(r.Diverged) != 0 {
+				return fmt.Errorf("lb1's fleet status: exit %d, %d nodes, diverged %q", code, len(r.Nodes), divergedNames(r))
+			}
+			return nil
+		})
+		t.Logf("lb2 reached etcd: its rogue service gone and the fleet agreeing after %v (rogue listed as diverged meanwhile: %v)",
+			time.Since(reached).Round(time.Millisecond), sawRogue)
+		if r := lb2.staleHeader(t); r != "" {
+			t.Fatalf("lb2 in touch with etcd says it is stale: %s", r)
+		}
+	})
+
+	t.Run("wrong CA", func(t *testing.T) {
+		// lb3 restarted trusting another CA than the members' certificates come from.
+		other := etcdtest.NewCA(t, filepath.Join(tb.dir, "other-ca"), "other-ca")
+		lb3.stop(t)
+		lb3.etcdCA = other.File
+		lb3.start(t)
+		const want = "certificate signed by unknown authority"
+		eventually(t, 20*time.Second, func() error {
+			if r := lb3.staleHeader(t); !strings.Contains(r, want) {
+				return fmt.Errorf("reads on lb3 say %q, want the reason %q", r, want)
+			}
+			return nil
+		})
+		code, _, errOut := tb.lbctlCode(t, "-s", "unix://"+lb3.sock, "backend", "set-weight", "web",
+			netip.AddrPortFrom(tb.backends[0].addr4, httpPort).String(), "9")
+		if code == 0 || !strings.Contains(errOut, "code: Unavailable") || !strings.Contains(errOut, want) {
+			t.Fatalf("a write on lb3 trusting another CA: exit %d, %s", code, errOut)
+		}
+		t.Logf("a write on lb3 trusting another CA: %s", strings.TrimSpace(errOut))
+		eventually(t, 15*time.Second, func() error {
+			if _, r := fleetStatus(t, lb1); len(r.Nodes) != 2 {
+				return fmt.Errorf("lb1's fleet status lists %d nodes, want lb3 left out", len(r.Nodes))
+			}
+			return nil
+		})
+		lb3.stop(t)
+		lb3.etcdCA = ""
+		lb3.start(t)
+		lb3.waitFleet(t)
+	})
 }
 
 // fleetStatus runs lbctl fleet status against a daemon.
@@ -268,130 +442,20 @@ func fleetStatus(t *testing.T, d *daemon) (int, *lbdv1.GetFleetResponse) {
 // staleHeader calls ListServices on a daemon and returns the staleness it states.
 func (d *daemon) staleHeader(t *testing.T) string {
 	t.Helper()
+	r, err := d.stale()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// stale calls ListServices on a daemon and returns the staleness it states.
+func (d *daemon) stale() (string, error) {
 	var hdr metadata.MD
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := d.lb.ListServices(ctx, &lbdv1.ListServicesRequest{}, grpc.Header(&hdr)); err != nil {
-		t.Fatalf("%s: list services: %v", d.node.name, err)
+		return "", fmt.Errorf("%s: list services: %w", d.node.name, err)
 	}
-	return strings.Join(hdr.Get(api.StaleHeader), " ")
-}
-
-// TestFleetPartition: one etcd member killed changes nothing. With every member
-// stopped, traffic through every LB node goes on unchanged for 60 s, writes are refused
-// with UNAVAILABLE and reads say they are stale. Once the members are back, the nodes
-// resync, and a change made then through one node reaches every node.
-func TestFleetPartition(t *testing.T) {
-	tb := newLB(t, options{lbs: 3, etcd: true})
-	lb1, lb3 := tb.lbs[0].lbd, tb.lbs[2].lbd
-
-	tb.etcd.Members[2].Kill()
-	// Had it led, the others elect a new leader first.
-	tb.etcd.WaitHealthy(30 * time.Second)
-	lb1.lbctl(t, "backend", "set-weight", "web", netip.AddrPortFrom(tb.backends[0].addr4, httpPort).String(), "3")
-	tb.waitService(t, "web", func(svc *lbdv1.Service) error {
-		if w := svc.GetBackends()[0].GetWeight(); w != 3 {
-			return fmt.Errorf("weight %d with one member killed", w)
-		}
-		return nil
-	})
-	tb.etcd.Members[2].Start()
-	tb.etcd.WaitHealthy(30 * time.Second)
-
-	// A long-lived connection through each LB node.
-	streams := map[*node]*stream{}
-	for range 60 {
-		if len(streams) == len(tb.lbs) {
-			break
-		}
-		s := tb.openStream(t, streamVIP)
-		if err := s.progress(5, 5*time.Second); err != nil {
-			t.Fatal(err)
-		}
-		if from, _ := tb.carrier(t, s.local); streams[from] == nil {
-			streams[from] = s
-		} else {
-			s.close()
-		}
-	}
-	if len(streams) != len(tb.lbs) {
-		t.Fatalf("60 connections went through %d of %d LB nodes", len(streams), len(tb.lbs))
-	}
-	before := map[string]string{}
-	for _, lb := range tb.lbs {
-		before[lb.name] = lb.lbd.staleHeader(t)
-		if before[lb.name] != "" {
-			t.Fatalf("%s states staleness with etcd up: %s", lb.name, before[lb.name])
-		}
-	}
-
-	tb.etcd.StopAll()
-	outage := time.Now()
-	for _, lb := range tb.lbs {
-		eventually(t, 20*time.Second, func() error {
-			if lb.lbd.staleHeader(t) == "" {
-				return fmt.Errorf("%s: reads do not say stale with every etcd member stopped", lb.name)
-			}
-			return nil
-		})
-	}
-	t.Logf("reads on lb1 say: %s", lb1.staleHeader(t))
-	code, _, errOut := tb.lbctlCode(t, "-s", "unix://"+lb1.sock, "service", "create", "new", "--vip", "203.0.113.21",
-		"--port", "80", "--backend", netip.AddrPortFrom(tb.backends[0].addr4, httpPort).String())
-	if code == 0 || !strings.Contains(errOut, "etcd store is unreachable") || !strings.Contains(errOut, "code: Unavailable") ||
-		!strings.Contains(errOut, "warning: stale") || strings.Contains(errOut, "cannot reach lbd") {
-		t.Fatalf("a write with etcd down: exit %d, %s", code, errOut)
-	}
-	t.Logf("a write with etcd down: %s", strings.TrimSpace(errOut))
-	// The datapath keeps forwarding: every node's connection progresses, new
-	// connections are balanced, for 60 s.
-	for time.Since(outage) < 60*time.Second {
-		for from, s := range streams {
-			if err := s.progress(20, 10*time.Second); err != nil {
-				t.Fatalf("through %s with etcd down for %v: %v", from.name, time.Since(outage).Round(time.Second), err)
-			}
-		}
-		if hs := tb.getMany(t, webVIP, 10); len(hs) != 10 {
-			t.Fatalf("with etcd down: %d of 10 requests answered", len(hs))
-		}
-		time.Sleep(time.Second)
-	}
-	if _, err := lb3.serviceOn("new"); status.Code(err) != codes.NotFound {
-		t.Fatalf("the refused service exists on lb3: %v", err)
-	}
-
-	tb.etcd.StartStopped(60 * time.Second)
-	back := time.Now()
-	for _, lb := range tb.lbs {
-		eventually(t, 30*time.Second, func() error {
-			if r := lb.lbd.staleHeader(t); r != "" {
-				return fmt.Errorf("%s still stale with etcd back: %s", lb.name, r)
-			}
-			return nil
-		})
-	}
-	t.Logf("every LB node in step again %v after the cluster was healthy", time.Since(back).Round(time.Millisecond))
-	eventually(t, 30*time.Second, func() error {
-		_, err := lb3.lb.CreateService(context.Background(), &lbdv1.CreateServiceRequest{Service: &lbdv1.Service{
-			Name: "after", Vip: "203.0.113.22", Port: 80, Protocol: lbdv1.Protocol_PROTOCOL_TCP,
-			Backends: []*lbdv1.Backend{{Address: tb.backends[1].addr4.String(), Port: httpPort}}}})
-		return err
-	})
-	tb.waitServiceReady(t, "after")
-	for from, s := range streams {
-		if err := s.progress(20, 10*time.Second); err != nil {
-			t.Fatalf("through %s after etcd came back: %v", from.name, err)
-		}
-	}
-}
-
-// waitServiceReady waits until every LB node programmed a service.
-func (tb *testbed) waitServiceReady(t *testing.T, name string) {
-	t.Helper()
-	tb.waitService(t, name, func(svc *lbdv1.Service) error {
-		if st := svc.GetStatus().GetState(); st != lbdv1.ServiceState_SERVICE_STATE_READY {
-			return fmt.Errorf("state %v: %s", st, svc.GetStatus().GetReason())
-		}
-		return nil
-	})
+	return strings.Join(hdr.Get(api.StaleHeader), " "), nil
 }

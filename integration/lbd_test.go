@@ -44,10 +44,14 @@ type daemon struct {
 	// gracefulRestart enables graceful restart on it.
 	bgp             bool
 	gracefulRestart bool
-	proc            *testnet.Proc
-	conn            *grpc.ClientConn
-	lb              lbdv1.LoadBalancerServiceClient
-	nodeAPI         lbdv1.NodeServiceClient
+	// etcdCA replaces the CA an LB daemon on the etcd store trusts (options.etcd);
+	// fileStore puts it back on the file store.
+	etcdCA    string
+	fileStore bool
+	proc      *testnet.Proc
+	conn      *grpc.ClientConn
+	lb        lbdv1.LoadBalancerServiceClient
+	nodeAPI   lbdv1.NodeServiceClient
 }
 
 // startLBD starts lbd on every node and creates the default services on the LB nodes:
@@ -108,8 +112,8 @@ datapath: {interfaces: [%s], bpffs_dir: %s, verify_interval: %s, lb_sources: [%s
 	if d.bgp {
 		cfg += d.bgpConfig()
 	}
-	if d.tb.opts.etcd && d.role == "lb" {
-		cfg += d.storeConfig()
+	if d.tb.opts.etcd && d.role == "lb" && !d.fileStore {
+		cfg += d.storeConfig(d.etcdCA)
 	}
 	if err := os.WriteFile(d.configFile(), []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
