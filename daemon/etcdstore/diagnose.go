@@ -20,19 +20,53 @@ import (
 // answer.
 const diagnoseTimeout = time.Second
 
-// unreachable wraps a failed request like unavailable, and when the request only timed
-// out or found no connection (the etcd client retries until its deadline and keeps the
-// cause to itself), adds why the endpoints cannot be reached, as far as a connection
-// to each of them tells: refused, timed out, a certificate that does not verify or
-// that the members refuse. Nothing is added when every endpoint accepts a connection.
+// ErrNoLeader: etcd did not answer, but a quorum of its members do: they have no
+// leader (they are electing one), so no change can be made in the fleet meanwhile, and
+// what this node holds is not behind. It wraps ErrUnavailable.
+var ErrNoLeader = fmt.Errorf("%w: its members answer but have no leader", ErrUnavailable)
+
+// unreachable wraps a failed request like unavailable. When the request only timed out
+// or found no connection or leader (the etcd client retries until its deadline and
+// keeps the cause to itself), it asks every member for its status: if a quorum answers,
+// the error wraps ErrNoLeader; otherwise it adds why the endpoints cannot be reached, as
+// far as a connection to each of them tells: refused, timed out, a certificate that
+// does not verify or that the members refuse.
 func (c *Client) unreachable(op string, err error) error {
-	if s, _ := status.FromError(err); !errors.Is(err, context.DeadlineExceeded) && s.Code() != codes.DeadlineExceeded && s.Code() != codes.Unavailable {
+	var coded interface{ Code() codes.Code }
+	code := status.Code(err)
+	if errors.As(err, &coded) {
+		code = coded.Code()
+	}
+	if !errors.Is(err, context.DeadlineExceeded) && code != codes.DeadlineExceeded && code != codes.Unavailable {
 		return unavailable(op, err)
+	}
+	if n := c.answering(); n > len(c.endpoints)/2 {
+		return fmt.Errorf("%s: %w (%d of %d members answer): %w", op, ErrNoLeader, n, len(c.endpoints), err)
 	}
 	if why := c.diagnose(); why != "" {
 		err = fmt.Errorf("%w (%s)", err, why)
 	}
 	return unavailable(op, err)
+}
+
+// answering counts the endpoints whose member answers a status request.
+func (c *Client) answering() int {
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	n := 0
+	for _, ep := range c.endpoints {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), diagnoseTimeout)
+			defer cancel()
+			if _, err := c.cli.Status(ctx, ep); err == nil {
+				mu.Lock()
+				n++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return n
 }
 
 // diagnose connects to every endpoint, with TLS when the client uses it, and lists the

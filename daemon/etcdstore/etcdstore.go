@@ -257,7 +257,7 @@ func (c *Client) Watch(ctx context.Context, rev int64, fn func(Change) error) er
 			return fmt.Errorf("%w: watch from %d, compacted up to %d", ErrCompacted, rev+1, resp.CompactRevision)
 		}
 		if err := resp.Err(); err != nil {
-			return unavailable("watch the fleet's services", err)
+			return c.unreachable("watch the fleet's services", err)
 		}
 		var ch *Change
 		flush := func() error {

@@ -278,3 +278,37 @@ func TestTLS(t *testing.T) {
 		}
 	}
 }
+
+// TestElectionIsNotUnreachable: while the members that remain after the leader was
+// killed elect another one, a request that times out says the cluster has no leader
+// (ErrNoLeader: a quorum answers, nothing can change), not that it is unreachable; with
+// a quorum lost it is unreachable.
+func TestElectionIsNotUnreachable(t *testing.T) {
+	c := etcdtest.Start(t, etcdtest.Options{})
+	cl, err := Open(Options{Endpoints: c.Endpoints(), Prefix: "/t/", Timeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	c.WaitLeader(10 * time.Second).Kill()
+	killed := time.Now()
+	fails := 0
+	for time.Since(killed) < 3*time.Second {
+		if err := cl.Ping(context.Background()); err != nil {
+			fails++
+			if !errors.Is(err, ErrNoLeader) {
+				t.Fatalf("%v after the leader was killed: %v, want ErrNoLeader", time.Since(killed).Round(time.Millisecond), err)
+			}
+		}
+	}
+	// Followers wait at least an election timeout (1.5 s here) before they elect.
+	if fails == 0 {
+		t.Fatal("no request failed while the members elected a leader")
+	}
+	t.Logf("%d requests failed with ErrNoLeader while the members elected a leader", fails)
+	// One member left of three: it answers, but is no quorum.
+	c.WaitLeader(30 * time.Second).Kill()
+	if err := cl.Ping(context.Background()); !errors.Is(err, ErrUnavailable) || errors.Is(err, ErrNoLeader) {
+		t.Fatalf("with one member of three left: %v, want ErrUnavailable, not ErrNoLeader", err)
+	}
+}

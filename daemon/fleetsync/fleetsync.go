@@ -142,6 +142,13 @@ func errText(err error) string {
 }
 
 func (s *Sync) probeFailed(err error) {
+	if errors.Is(err, etcdstore.ErrNoLeader) {
+		// A quorum of members answers and elects a leader: nothing changes in the
+		// fleet meanwhile, so this node's services are not behind (they are not
+		// stale), and a change through it waits for the leader or fails by itself.
+		s.log.Debug("etcd has no leader yet", "op", "fleet", "error", err)
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.up || s.downAt.IsZero() {
