@@ -192,6 +192,11 @@ func Load(opts Options) (*Datapath, error) {
 		return nil, err
 	}
 	d := &Datapath{opts: opts, maglevInner: spec.Maps["lb_tables"].InnerMap.Copy()}
+	// Table maps are created without BTF: with it, every map creation also loads its
+	// key and value types into the kernel (a BTF object per table, about a third of
+	// a table map's creation cost at 10,000 services). The kernel does not compare
+	// inner maps' BTF, and nothing reads a table map by its types.
+	d.maglevInner.Key, d.maglevInner.Value = nil, nil
 	err = spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{
 		Maps: ebpf.MapOptions{PinPath: opts.PinPath},
 	})

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/cilium/ebpf"
 	"github.com/lbd-dev/lbd/internal/pktgen"
 )
 
@@ -49,6 +50,19 @@ func TestChangeTableInPlace(t *testing.T) {
 		t.Fatal(err)
 	}
 	firstMap := mapID()
+	// Table maps carry no BTF: loading it cost a syscall and a kernel object per table.
+	if m, err := ebpf.NewMapFromID(ebpf.MapID(firstMap)); err != nil {
+		t.Fatal(err)
+	} else {
+		info, err := m.Info()
+		m.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if id, ok := info.BTFID(); ok {
+			t.Fatalf("the table map was created with BTF %d", id)
+		}
+	}
 	port := uint16(41000) // every flow new: conntrack would keep a known one
 	expectAll := func(want string) {
 		t.Helper()
