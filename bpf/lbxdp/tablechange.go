@@ -142,12 +142,12 @@ func (d *Datapath) ReadTable(serviceID uint32) (*TableState, error) {
 	}
 	defer inner.Close()
 	st := &TableState{MapID: id}
-	elems, err := readElems(inner)
+	elems, err := readActive(inner)
 	if err != nil {
 		return nil, fmt.Errorf("read maglev table: %w", err)
 	}
 	h := parseHead(elems[0])
-	if !h.fits(uint32(len(elems))) {
+	if !h.fits(inner.MaxEntries()) {
 		return st, nil
 	}
 	st.Digest, st.Checksum = h.digest, h.checksum

@@ -24,7 +24,8 @@ import (
 // active half does not use, writes them, writes the inactive half, then flips the head
 // (one element; only the half bit of the word the programs read changes, so a torn read
 // still gives the old or the new half). The half that was active is written only at
-// the next change, by then long unread. Only a new service, a new size or more backends
+// the next change, by then long unread; a new map's second half holds zeros until its
+// first change. Only a new service, a new size or more backends
 // than the map has indexes for replace the map itself, which costs an RCU grace period
 // in the kernel.
 const (
@@ -247,14 +248,17 @@ func (d *Datapath) NewTable(serviceID uint32, t Table) (*PendingTable, error) {
 	}
 	idElems, halfElems := tableShape(m, max(t.Indexes, len(t.Backends)))
 	n := 1 + idElems + 2*halfElems
-	elems := make([]tableElem, n)
+	// Only the head, the backend IDs and the active half are written: the second half
+	// stays as the kernel created it (zeros) until the first change, which writes
+	// what differs from what it finds there (ChangeTable).
+	elems := make([]tableElem, n-halfElems)
 	h := tableHead{size: m, idElems: idElems, backends: uint32(len(t.Backends)), digest: t.Digest,
 		checksum: t.Checksum(), layout: tableLayout}
 	elems[0] = h.elem()
 	for i, id := range t.Backends {
 		elems[1+i/idsPerElem][i%idsPerElem] = id
 	}
-	half0, half1 := h.halfStart(0), h.halfStart(1)
+	half0 := h.halfStart(0)
 	for i := 0; i < len(t.Slots); i += 2 {
 		w := uint32(t.Slots[i])
 		if i+1 < len(t.Slots) {
@@ -262,14 +266,13 @@ func (d *Datapath) NewTable(serviceID uint32, t Table) (*PendingTable, error) {
 		}
 		elems[half0+uint32(i)/slotsPerElem][(i%slotsPerElem)/2] = w
 	}
-	copy(elems[half1:], elems[half0:half1])
 	spec := d.maglevInner.Copy()
 	spec.MaxEntries = n
 	inner, err := ebpf.NewMap(spec)
 	if err != nil {
 		return nil, fmt.Errorf("new maglev table: create map: %w", err)
 	}
-	keys := make([]uint32, n)
+	keys := make([]uint32, len(elems))
 	for i := range keys {
 		keys[i] = uint32(i)
 	}
@@ -277,7 +280,7 @@ func (d *Datapath) NewTable(serviceID uint32, t Table) (*PendingTable, error) {
 		inner.Close()
 		return nil, fmt.Errorf("new maglev table: fill map: %w", err)
 	}
-	d.writes.Add(uint64(n))
+	d.writes.Add(uint64(len(elems)))
 	return &PendingTable{serviceID: serviceID, m: inner}, nil
 }
 
@@ -363,5 +366,32 @@ func readElems(inner *ebpf.Map) ([]tableElem, error) {
 	if inner.ValueSize() != TableElemBytes {
 		return nil, fmt.Errorf("table map of %d-byte values: %w", inner.ValueSize(), ErrTableShape)
 	}
-	return readArray[tableElem](inner)
+	return readArray[tableElem](inner, inner.MaxEntries())
+}
+
+// readActive reads a table map's elements up to the end of its active half (all of
+// them when the second half is active): what ReadTable needs, half the elements of a
+// table that never changed. A map of another layout is read whole.
+func readActive(inner *ebpf.Map) ([]tableElem, error) {
+	if inner.ValueSize() != TableElemBytes {
+		return nil, fmt.Errorf("table map of %d-byte values: %w", inner.ValueSize(), ErrTableShape)
+	}
+	var e tableElem
+	if err := inner.Lookup(uint32(0), &e); err != nil {
+		return nil, err
+	}
+	n := inner.MaxEntries()
+	if h := parseHead(e); h.fits(n) && h.active() == 0 {
+		n = h.halfStart(1)
+	}
+	elems, err := readArray[tableElem](inner, n)
+	if err != nil {
+		return nil, err
+	}
+	// The head read with the elements is the one that counts: a flip in between
+	// (another writer) may have made the second half active.
+	if h := parseHead(elems[0]); h.fits(inner.MaxEntries()) && h.halfStart(h.active()+1) > n {
+		return readArray[tableElem](inner, inner.MaxEntries())
+	}
+	return elems, nil
 }

@@ -61,7 +61,7 @@ func (d *Datapath) VerifyIndexes() ([]string, error) {
 		}
 	}
 
-	index, err := readArray[lbxdpLbSvcEntry](d.objs.LbSvcById)
+	index, err := readArray[lbxdpLbSvcEntry](d.objs.LbSvcById, d.objs.LbSvcById.MaxEntries())
 	if err != nil {
 		return diffs, fmt.Errorf("verify indexes: read service index: %w", err)
 	}
@@ -95,7 +95,7 @@ func (d *Datapath) VerifyIndexes() ([]string, error) {
 
 // Backends returns every backend in use, by ID, read in batches.
 func (d *Datapath) Backends() (map[uint32]Backend, error) {
-	vals, err := readArray[lbxdpLbBackend](d.objs.LbBackends)
+	vals, err := readArray[lbxdpLbBackend](d.objs.LbBackends, d.objs.LbBackends.MaxEntries())
 	if err != nil {
 		return nil, fmt.Errorf("read backends: %w", err)
 	}

@@ -140,7 +140,7 @@ func (d *Datapath) rebuildIndexes() error {
 	if err := sit.Err(); err != nil {
 		return fmt.Errorf("rebuild service index: %w", err)
 	}
-	have, err := readArray[lbxdpLbSvcEntry](d.objs.LbSvcById)
+	have, err := readArray[lbxdpLbSvcEntry](d.objs.LbSvcById, d.objs.LbSvcById.MaxEntries())
 	if err != nil {
 		return fmt.Errorf("rebuild service index: %w", err)
 	}
@@ -162,9 +162,8 @@ func (d *Datapath) rebuildIndexes() error {
 	return nil
 }
 
-// readArray reads every value of an array map in batches, by index.
-func readArray[V any](m *ebpf.Map) ([]V, error) {
-	n := m.MaxEntries()
+// readArray reads the first n values of an array map in batches, by index.
+func readArray[V any](m *ebpf.Map, n uint32) ([]V, error) {
 	keys := make([]uint32, n)
 	vals := make([]V, n)
 	var cursor ebpf.MapBatchCursor
