@@ -354,11 +354,16 @@ func TestFleetEtcd(t *testing.T) {
 		lb2.node.ns.Exec(t, "nft", "add table inet lbdit; add chain inet lbdit out { type filter hook output priority 0; }; add rule inet lbdit out tcp dport 2379 drop")
 		lb2.fileStore = false
 		lb2.start(t)
-		if r := lb2.staleHeader(t); !strings.Contains(r, "this is the node's local copy") {
-			t.Fatalf("lb2 started cut off from etcd: reads say %q", r)
-		}
-		if _, err := lb2.serviceOn("rogue"); err != nil {
-			t.Fatalf("lb2 started cut off from etcd serves no rogue: %v", err)
+		// Cut off for longer than it takes to reach etcd and read the fleet (a
+		// request's timeout, 2 s here, and the probe's second), lb2 keeps its copy
+		// and says so.
+		for cut := time.Now(); time.Since(cut) < 4*time.Second; time.Sleep(200 * time.Millisecond) {
+			if r := lb2.staleHeader(t); !strings.Contains(r, "this is the node's local copy") {
+				t.Fatalf("lb2 started cut off from etcd: reads say %q", r)
+			}
+			if _, err := lb2.serviceOn("rogue"); err != nil {
+				t.Fatalf("lb2 started cut off from etcd serves no rogue: %v", err)
+			}
 		}
 		if n := parseMetrics(t, lb2.scrape(t))["lbd_fleet_stale"]; n != 1 {
 			t.Fatalf("lb2 started cut off from etcd: lbd_fleet_stale %v", n)

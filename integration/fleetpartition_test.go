@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lbd-dev/lbd/daemon/api"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -231,6 +232,7 @@ func TestFleetPartition(t *testing.T) {
 		}
 		return nil
 	})
+	lb3.checkStaleWatch(t)
 	code, _, errOut := tb.lbctlCode(t, "-s", "unix://"+lb1.sock, "service", "create", "new", "--vip", "203.0.113.21",
 		"--port", "80", "--backend", netip.AddrPortFrom(tb.backends[0].addr4, httpPort).String())
 	if code == 0 || !strings.Contains(errOut, "etcd store is unreachable") || !strings.Contains(errOut, "code: Unavailable") ||
@@ -302,4 +304,32 @@ func (tb *testbed) waitServiceReady(t *testing.T, name string) {
 		}
 		return nil
 	})
+}
+
+// checkStaleWatch opens a watch of a stale daemon's services: the stream's header and
+// every event up to SYNCED say so, as the unary reads do.
+func (d *daemon) checkStaleWatch(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream, err := d.lb.WatchServices(ctx, &lbdv1.WatchServicesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hdr, err := stream.Header()
+	if err != nil || len(hdr.Get(api.StaleHeader)) == 0 {
+		t.Fatalf("%s: a watch's header with etcd down: %v, %v", d.node.name, hdr, err)
+	}
+	for {
+		ev, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("%s: watch with etcd down: %v", d.node.name, err)
+		}
+		if !strings.Contains(ev.GetStaleReason(), "etcd unreachable since") {
+			t.Fatalf("%s: a watch event with etcd down: %v", d.node.name, ev)
+		}
+		if ev.Type == lbdv1.WatchEventType_WATCH_EVENT_TYPE_SYNCED {
+			return
+		}
+	}
 }

@@ -78,7 +78,7 @@ func TestClusterTLS(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_, err = cli.Put(ctx, "/t/tls", "x")
 		cancel()
 		cli.Close()
