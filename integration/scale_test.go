@@ -75,8 +75,8 @@ func TestScale(t *testing.T) {
 	}
 
 	w := n.watchChanges(svcs, 10, 200)
-	t.Logf("10 watchers, 200 changes: every watcher saw every change in %v; lbd RSS %.0f -> %.0f MiB",
-		w.took, float64(w.rssBefore)/mib, float64(w.rssAfter)/mib)
+	t.Logf("10 watchers, 200 changes: every watcher saw every change in %v; lbd RSS %.0f MiB before, %.0f MiB at the peak, %.0f MiB at the end",
+		w.took, float64(w.rssBefore)/mib, float64(w.rssPeak)/mib, float64(w.rssEnd)/mib)
 
 	small := newScaleNode(t)
 	small.start()
@@ -94,7 +94,10 @@ func TestScale(t *testing.T) {
 // trace-s, ready-s; the map entries its first sync wrote, writes, which must be none;
 // and the RSS and map memory after it, also as ratios to before:
 // x-rss, x-maps); `lbctl service list` (table-s, json-s); and 100 watchers while 1,000
-// changes stream (watch-s, rss-growth-MiB).
+// changes stream (watch-s; lbd's RSS before the watchers connect, rss-before-MiB, and
+// how much it grew from there: at its peak while they connected and the changes
+// streamed, rss-peak-growth-MiB, and once every watcher had seen every change,
+// rss-end-growth-MiB).
 func BenchmarkScale(b *testing.B) {
 	for _, tc := range []struct {
 		name  string
@@ -177,14 +180,19 @@ func BenchmarkScale(b *testing.B) {
 	b.Run("watch", func(b *testing.B) {
 		node.tb = b
 		var took time.Duration
-		var growth float64
+		var before, peak, end float64
 		for b.Loop() {
 			w := node.watchChanges(svcs, scaleWatchers, scaleChanges)
 			took += w.took
-			growth += float64(w.rssAfter) - float64(w.rssBefore)
+			before += float64(w.rssBefore)
+			peak += float64(w.rssPeak) - float64(w.rssBefore)
+			end += float64(w.rssEnd) - float64(w.rssBefore)
 		}
-		b.ReportMetric(took.Seconds()/float64(b.N), "watch-s")
-		b.ReportMetric(growth/float64(b.N)/mib, "rss-growth-MiB")
+		per := float64(b.N)
+		b.ReportMetric(took.Seconds()/per, "watch-s")
+		b.ReportMetric(before/per/mib, "rss-before-MiB")
+		b.ReportMetric(peak/per/mib, "rss-peak-growth-MiB")
+		b.ReportMetric(end/per/mib, "rss-end-growth-MiB")
 	})
 	node.tb = b
 }
@@ -269,10 +277,12 @@ func (n *scaleNode) countListed(format string, out []byte) int {
 	return len(list.Services)
 }
 
-// watchRun is what one watch step measured.
+// watchRun is what one watch step measured: how long until every watcher had seen
+// every change, and lbd's RSS before the watchers connected, at its peak from then
+// until every watcher had seen every change (VmHWM, reset before), and at that end.
 type watchRun struct {
-	took                time.Duration
-	rssBefore, rssAfter uint64
+	took                       time.Duration
+	rssBefore, rssPeak, rssEnd uint64
 }
 
 // watchChanges opens k watches, reads each to SYNCED, then makes c changes (a weight,
@@ -282,6 +292,7 @@ func (n *scaleNode) watchChanges(svcs []*lbdv1.Service, k, c int) watchRun {
 	n.tb.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	n.resetPeakRSS()
 	r := watchRun{rssBefore: n.rssBytes()}
 	type watcher struct {
 		mu   sync.Mutex
@@ -335,7 +346,6 @@ func (n *scaleNode) watchChanges(svcs []*lbdv1.Service, k, c int) watchRun {
 			n.tb.Fatalf("a watch ended before SYNCED: %v", err)
 		}
 	}
-	r.rssAfter = n.rssBytes()
 	start := time.Now()
 	want := map[string]uint64{}
 	// Each round sets other weights than the last one did, so that every call changes.
@@ -387,9 +397,7 @@ func (n *scaleNode) watchChanges(svcs []*lbdv1.Service, k, c int) watchRun {
 		}
 	}
 	r.took = time.Since(start)
-	if a := n.rssBytes(); a > r.rssAfter {
-		r.rssAfter = a
-	}
+	r.rssEnd, r.rssPeak = n.rssBytes(), n.procStatus("VmHWM")
 	for i, w := range ws {
 		w.mu.Lock()
 		if w.err != nil && status.Code(w.err) != codes.Canceled {

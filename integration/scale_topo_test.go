@@ -299,23 +299,36 @@ func (n *scaleNode) traceSample(svcs []*lbdv1.Service, k int) {
 }
 
 // rssBytes is lbd's resident set size.
-func (n *scaleNode) rssBytes() uint64 {
+func (n *scaleNode) rssBytes() uint64 { return n.procStatus("VmRSS") }
+
+// procStatus reads a size of lbd's /proc/PID/status in bytes: VmRSS, the resident set
+// now; VmHWM, its peak since lbd started or since resetPeakRSS.
+func (n *scaleNode) procStatus(field string) uint64 {
 	n.tb.Helper()
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", n.proc.PID()))
 	if err != nil {
 		n.tb.Fatal(err)
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+		if rest, ok := strings.CutPrefix(line, field+":"); ok {
 			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
 			if err != nil {
-				n.tb.Fatalf("VmRSS %q: %v", line, err)
+				n.tb.Fatalf("%s %q: %v", field, line, err)
 			}
 			return kb << 10
 		}
 	}
-	n.tb.Fatal("no VmRSS in /proc/PID/status")
+	n.tb.Fatalf("no %s in /proc/PID/status", field)
 	return 0
+}
+
+// resetPeakRSS sets lbd's VmHWM to its resident set now (proc(5), clear_refs), so that
+// VmHWM read later is the peak of what happened in between, however short.
+func (n *scaleNode) resetPeakRSS() {
+	n.tb.Helper()
+	if err := os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", n.proc.PID()), []byte("5"), 0); err != nil {
+		n.tb.Fatalf("reset lbd's peak RSS: %v", err)
+	}
 }
 
 // learnedMapNames are the maps of learned flows, sized by configuration and not by the
