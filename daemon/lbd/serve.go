@@ -39,7 +39,7 @@ type apiServers struct {
 
 // startAPI listens and serves the API, every call through sec's interceptors.
 func startAPI(c config.API, apiSrv *api.Server, sec *apiSecurity, log hclog.Logger) (*apiServers, error) {
-	s := &apiServers{api: apiSrv, health: health.NewServer(), errc: make(chan error, 2)}
+	s := &apiServers{api: apiSrv, health: notServing(), errc: make(chan error, 2)}
 	opts := slices.Concat(sec.opts, []grpc.ServerOption{grpc.ChainStreamInterceptor(apiSrv.StreamInterceptor), grpc.ChainUnaryInterceptor(apiSrv.UnaryInterceptor)})
 	var tcpLn net.Listener
 	tcpOpts := opts
@@ -169,6 +169,15 @@ func serverTLS(c config.TCP) (*tls.Config, error) {
 		ClientCAs:    pool,
 		MinVersion:   tls.VersionTLS12,
 	}, nil
+}
+
+// notServing is a gRPC health server that says NOT_SERVING until serveHealth says
+// otherwise: grpc-go's starts SERVING, which a client that connects before serveHealth
+// first ran would take for a ready node.
+func notServing() *health.Server {
+	hs := health.NewServer()
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	return hs
 }
 
 // healthPoll is how often gRPC health follows the node's readiness.
