@@ -12,7 +12,9 @@ import (
 	"time"
 
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 )
@@ -305,7 +307,14 @@ func (n *scaleNode) watchChanges(svcs []*lbdv1.Service, k, c int) watchRun {
 	for i := range ws {
 		w := &watcher{seen: map[string]uint64{}, cond: make(chan struct{}, 1)}
 		ws[i] = w
-		stream, err := n.lb.WatchServices(ctx, &lbdv1.WatchServicesRequest{})
+		// Each watcher is a client of its own: on one connection, api.max_concurrent_streams
+		// (100) would hold the changes' calls back behind the watches.
+		conn, err := grpc.NewClient("unix://"+n.sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			n.tb.Fatal(err)
+		}
+		defer conn.Close()
+		stream, err := lbdv1.NewLoadBalancerServiceClient(conn).WatchServices(ctx, &lbdv1.WatchServicesRequest{})
 		if err != nil {
 			n.tb.Fatal(err)
 		}
