@@ -25,7 +25,8 @@
  * hash.h (flow hashing), vip.h (VIP filter, source ranges), conntrack.h (states,
  * timeouts, lookups), route.h (FIB and its cache), encap.h (DNAT and Geneve),
  * reply.h (ICMP errors and TCP resets the node answers), icmp_error.h (ICMP errors
- * forwarded to backends) and trace.h (side-effect-free runs). */
+ * forwarded to backends), trace.h (side-effect-free runs) and monitor.h (events for
+ * `lbctl monitor`, with the maps of their own). */
 #include "lbd_net.h"
 #include "lbd_csum.h"
 #include "lbd_parse.h"
@@ -219,6 +220,7 @@ LBD_INLINE struct lb_config *lb_config_get(void)
 #include "reply.h"
 #include "icmp_error.h"
 #include "trace.h"
+#include "monitor.h"
 
 /* A packet lbd does not balance (another protocol, no service on that port): the
  * kernel's if it is not for a VIP. A VIP's is dropped: the LB node does not own the
@@ -479,5 +481,7 @@ int lb_xdp(struct xdp_md *ctx)
 	verdict = lb_process(ctx, &pk);
 	if (pk.trace)
 		lb_trace_record(ctx, &pk);
+	else if (lb_mon.flags)
+		lb_monitor(ctx, pk.reason, verdict);
 	return verdict;
 }

@@ -103,6 +103,25 @@ type lbxdpLbCtKey struct {
 	Pad    uint16
 }
 
+type lbxdpLbMonConfig struct {
+	_      structs.HostLayout
+	Flags  uint32
+	Sample uint32
+	Rate   uint32
+	Pad    uint32
+}
+
+type lbxdpLbMonState struct {
+	_           structs.HostLayout
+	RefillNs    uint64
+	Tokens      uint32
+	Skipped     uint32
+	Sent        uint64
+	SampledOut  uint64
+	RateLimited uint64
+	RingFull    uint64
+}
+
 type lbxdpLbRoute struct {
 	_         structs.HostLayout
 	ExpiresNs uint64
@@ -183,6 +202,8 @@ const (
 	lbxdpMapLbCtStats   = "lb_ct_stats"
 	lbxdpMapLbDropStats = "lb_drop_stats"
 	lbxdpMapLbFibCache  = "lb_fib_cache"
+	lbxdpMapLbMonCpu    = "lb_mon_cpu"
+	lbxdpMapLbMonRing   = "lb_mon_ring"
 	lbxdpMapLbServices  = "lb_services"
 	lbxdpMapLbSrcRanges = "lb_src_ranges"
 	lbxdpMapLbSvcById   = "lb_svc_by_id"
@@ -191,6 +212,7 @@ const (
 	lbxdpMapLbVipFilter = "lb_vip_filter"
 	lbxdpMapLbVips      = "lb_vips"
 	lbxdpProgLbXdp      = "lb_xdp"
+	lbxdpVarLbMon       = "lb_mon"
 )
 
 // loadLbxdp returns the embedded CollectionSpec for lbxdp.
@@ -252,6 +274,8 @@ type lbxdpMapSpecs struct {
 	LbCtStats   *ebpf.MapSpec `ebpf:"lb_ct_stats"`
 	LbDropStats *ebpf.MapSpec `ebpf:"lb_drop_stats"`
 	LbFibCache  *ebpf.MapSpec `ebpf:"lb_fib_cache"`
+	LbMonCpu    *ebpf.MapSpec `ebpf:"lb_mon_cpu"`
+	LbMonRing   *ebpf.MapSpec `ebpf:"lb_mon_ring"`
 	LbServices  *ebpf.MapSpec `ebpf:"lb_services"`
 	LbSrcRanges *ebpf.MapSpec `ebpf:"lb_src_ranges"`
 	LbSvcById   *ebpf.MapSpec `ebpf:"lb_svc_by_id"`
@@ -265,6 +289,7 @@ type lbxdpMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type lbxdpVariableSpecs struct {
+	LbMon *ebpf.VariableSpec `ebpf:"lb_mon"`
 }
 
 // lbxdpObjects contains all objects after they have been loaded into the kernel.
@@ -297,6 +322,8 @@ type lbxdpMaps struct {
 	LbCtStats   *ebpf.Map `ebpf:"lb_ct_stats"`
 	LbDropStats *ebpf.Map `ebpf:"lb_drop_stats"`
 	LbFibCache  *ebpf.Map `ebpf:"lb_fib_cache"`
+	LbMonCpu    *ebpf.Map `ebpf:"lb_mon_cpu"`
+	LbMonRing   *ebpf.Map `ebpf:"lb_mon_ring"`
 	LbServices  *ebpf.Map `ebpf:"lb_services"`
 	LbSrcRanges *ebpf.Map `ebpf:"lb_src_ranges"`
 	LbSvcById   *ebpf.Map `ebpf:"lb_svc_by_id"`
@@ -318,6 +345,8 @@ func (m *lbxdpMaps) Close() error {
 		m.LbCtStats,
 		m.LbDropStats,
 		m.LbFibCache,
+		m.LbMonCpu,
+		m.LbMonRing,
 		m.LbServices,
 		m.LbSrcRanges,
 		m.LbSvcById,
@@ -332,6 +361,7 @@ func (m *lbxdpMaps) Close() error {
 //
 // It can be passed to loadLbxdpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type lbxdpVariables struct {
+	LbMon *ebpf.Variable `ebpf:"lb_mon"`
 }
 
 // lbxdpPrograms contains all programs after they have been loaded into the kernel.
