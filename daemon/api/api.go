@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/lbd-dev/lbd/daemon/monitor"
 	"github.com/lbd-dev/lbd/daemon/store"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"google.golang.org/grpc"
@@ -60,6 +61,8 @@ type Options struct {
 	// Tables and Fleet serve the fleet RPCs (fleet.go); nil where the node has none.
 	Tables Tables
 	Fleet  Fleet
+	// Monitor serves MonitorDatapath; nil on a node without the LB role.
+	Monitor *monitor.Hub
 	// MaxWatchers bounds the WatchServices streams open at once (DefaultMaxWatchers if 0).
 	MaxWatchers int
 	// WatchBacklog is how many changes a watcher may lag behind before its stream is

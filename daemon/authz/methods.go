@@ -21,7 +21,8 @@ type Access int
 const (
 	// Read: reading state, tracing, stats, health, reflection.
 	Read Access = iota + 1
-	// Operate: drain and undrain the node, verify it; a backend's weight and state
+	// Operate: drain and undrain the node, verify it; watch clients' packets (the
+	// datapath monitor); a backend's weight and state
 	// (UpdateBackend naming only those fields) on any owner's service.
 	Operate
 	// Write: change services and backends, limited to a writer's owners.
@@ -64,6 +65,7 @@ var methods = map[string]Access{
 	lbdv1.LoadBalancerService_ListConnections_FullMethodName:               Read,
 	lbdv1.LoadBalancerService_GetStats_FullMethodName:                      Read,
 	lbdv1.LoadBalancerService_ListSocketTranslations_FullMethodName:        Read,
+	lbdv1.LoadBalancerService_MonitorDatapath_FullMethodName:               Operate, // clients' packets: not for readers
 	lbdv1.BgpService_CreateBgpPeer_FullMethodName:                          Admin,
 	lbdv1.BgpService_GetBgpPeer_FullMethodName:                             Read,
 	lbdv1.BgpService_ListBgpPeers_FullMethodName:                           Read,

@@ -105,6 +105,8 @@ type Datapath struct {
 	// SocketLB translates the connections of local processes to services at the socket,
 	// on any node (any role, or none): their first packet already goes to a backend.
 	SocketLB SocketLB `json:"socket_lb"`
+	// Monitor bounds what the LB datapath reports to `lbctl monitor` while one listens.
+	Monitor Monitor `json:"monitor"`
 	// VerifyInterval is how often lbd reads its maps and attachments back, compares
 	// them with the desired state and repairs what differs (also `lbctl node verify`).
 	VerifyInterval Duration `json:"verify_interval"`
@@ -177,6 +179,17 @@ type SocketLB struct {
 	// Translations is how many translated sockets (per backend they talk to) are kept
 	// for the reverse translation of recvmsg and getpeername.
 	Translations uint32 `json:"translations"`
+}
+
+// Monitor limits the packet monitor (`lbctl monitor`, the MonitorDatapath call). The LB
+// datapath reports nothing while no one listens; while someone does, each CPU reports
+// one packet in Sample of those a listener may want, and at most Rate a second.
+type Monitor struct {
+	// Sample reports one packet in this many (1: every one).
+	Sample uint32 `json:"sample"`
+	// Rate is how many packets each CPU reports a second at most, in bursts of up to as
+	// many; the rest are not reported.
+	Rate uint32 `json:"rate"`
 }
 
 // Duration is a time.Duration written as a Go duration string ("90s", "1h").
@@ -287,6 +300,7 @@ func Default() Config {
 			UDPIdleTimeout:     Duration(time.Minute),
 			NATClosingTimeout:  Duration(time.Minute),
 			SocketLB:           SocketLB{Translations: 1 << 18},
+			Monitor:            Monitor{Sample: 1, Rate: 1000},
 			VerifyInterval:     Duration(5 * time.Second),
 		},
 		MetricsListen: "127.0.0.1:9310",
@@ -438,6 +452,12 @@ func (d Datapath) validate(anyRole, backend bool) []error {
 	}
 	if d.NATClosingTimeout <= 0 {
 		errs = append(errs, errors.New("datapath: nat_closing_timeout must be positive"))
+	}
+	if d.Monitor.Sample < 1 || d.Monitor.Sample > 1000000 {
+		errs = append(errs, fmt.Errorf("datapath.monitor.sample: %d must be from 1 to 1000000", d.Monitor.Sample))
+	}
+	if d.Monitor.Rate < 1 || d.Monitor.Rate > 1000000 {
+		errs = append(errs, fmt.Errorf("datapath.monitor.rate: %d must be from 1 to 1000000 packets a second", d.Monitor.Rate))
 	}
 	if s := d.SocketLB; s.Enabled {
 		if s.Cgroup != "" && !filepath.IsAbs(s.Cgroup) {

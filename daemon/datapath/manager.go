@@ -73,6 +73,10 @@ type Config struct {
 	// created for backend nodes' next hops, so a restarted lbd can remove them when they
 	// are no longer needed; empty keeps the record in memory.
 	NeighbourRecord string
+	// MonitorSample and MonitorRate bound what the XDP program reports while a packet
+	// monitor listens (lbxdp.MonitorConfig); 0 takes DefaultMonitorSample and
+	// DefaultMonitorRate.
+	MonitorSample, MonitorRate uint32
 	// OnPaths, when set, is called with the path toward every backend node (LB role)
 	// whenever one changes.
 	OnPaths func(map[netip.Addr]nexthop.Path)

@@ -62,6 +62,8 @@ var allowedRoles = func() map[string][]string {
 	m["/lbd.v1.NodeService/DrainNode"] = operate
 	m["/lbd.v1.NodeService/UndrainNode"] = operate
 	m["/lbd.v1.NodeService/VerifyNode"] = operate
+	// The monitor shows clients' packets.
+	m["/lbd.v1.LoadBalancerService/MonitorDatapath"] = operate
 	m["/lbd.v1.NodeService/DetachNode"] = admin
 	m["/lbd.v1.FleetService/ListServiceDigests"] = read
 	m["/lbd.v1.FleetService/GetFleet"] = read

@@ -34,6 +34,8 @@ func datapathConfig(cfg config.Config) (datapath.Config, error) {
 		TCPIdleTimeout:     time.Duration(d.TCPIdleTimeout),
 		UDPIdleTimeout:     time.Duration(d.UDPIdleTimeout),
 		NATClosingTimeout:  time.Duration(d.NATClosingTimeout),
+		MonitorSample:      d.Monitor.Sample,
+		MonitorRate:        d.Monitor.Rate,
 		SocketLB:           d.SocketLB.Enabled,
 		SocketCgroup:       d.SocketLB.Cgroup,
 		SocketRevNATSize:   d.SocketLB.Translations,

@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 
 	"github.com/lbd-dev/lbd/daemon/datapath"
+	"github.com/lbd-dev/lbd/daemon/monitor"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -112,4 +113,22 @@ func (d *openingDatapath) DriftCounts() map[string]uint64 {
 		return m.DriftCounts()
 	}
 	return nil
+}
+
+// SetMonitor implements monitor.Source.
+func (d *openingDatapath) SetMonitor(on, forwarded bool) error {
+	m, err := d.manager()
+	if err != nil {
+		return err
+	}
+	return m.SetMonitor(on, forwarded)
+}
+
+// OpenMonitor implements monitor.Source.
+func (d *openingDatapath) OpenMonitor() (monitor.Reader, error) {
+	m, err := d.manager()
+	if err != nil {
+		return nil, err
+	}
+	return m.OpenMonitor()
 }

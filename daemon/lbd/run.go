@@ -21,6 +21,7 @@ import (
 	"github.com/lbd-dev/lbd/daemon/datapath"
 	"github.com/lbd-dev/lbd/daemon/healthsync"
 	"github.com/lbd-dev/lbd/daemon/metrics"
+	"github.com/lbd-dev/lbd/daemon/monitor"
 	"github.com/lbd-dev/lbd/daemon/nexthop"
 	"github.com/lbd-dev/lbd/daemon/reconcile"
 	"github.com/lbd-dev/lbd/daemon/sdnotify"
@@ -205,6 +206,9 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 		MaxWatchers: cfg.API.MaxWatchers, WatchBacklog: cfg.WatchBacklogOrDefault(), Tables: tablesOf(dp, dcfg)}
 	if withDatapath {
 		apiOpts.Datapath = dp
+	}
+	if dcfg.LB {
+		apiOpts.Monitor = monitor.New(dp, monitor.Options{Reasons: datapath.MonitorReasons(), Logger: log.Named("monitor")})
 	}
 	sec, err := newSecurity(cfg.API, st, met, log)
 	if err != nil {

@@ -1606,6 +1606,134 @@ func (x *TraceFlowResponse) GetReason() string {
 	return ""
 }
 
+type MonitorDatapathRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only packets with one of these reasons, named as lbd_datapath_packets_total{reason}
+	// names them (malformed, no_service, ...), or "forwarded"; empty: every reason.
+	Reasons []string `protobuf:"bytes,1,rep,name=reasons,proto3" json:"reasons,omitempty"`
+	// Only packets for these services: names, or patterns with * (as GetStats takes them).
+	Services []string `protobuf:"bytes,2,rep,name=services,proto3" json:"services,omitempty"`
+	// Only packets the node dropped (verdict XDP_DROP): no answered, passed or forwarded ones.
+	DropsOnly bool `protobuf:"varint,3,opt,name=drops_only,json=dropsOnly,proto3" json:"drops_only,omitempty"`
+	// Also report packets the datapath balanced to a backend (reason "forwarded"), sampled
+	// and rate-limited with the rest.
+	Forwarded     bool `protobuf:"varint,4,opt,name=forwarded,proto3" json:"forwarded,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MonitorDatapathRequest) Reset() {
+	*x = MonitorDatapathRequest{}
+	mi := &file_lbd_v1_api_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MonitorDatapathRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MonitorDatapathRequest) ProtoMessage() {}
+
+func (x *MonitorDatapathRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_lbd_v1_api_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MonitorDatapathRequest.ProtoReflect.Descriptor instead.
+func (*MonitorDatapathRequest) Descriptor() ([]byte, []int) {
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *MonitorDatapathRequest) GetReasons() []string {
+	if x != nil {
+		return x.Reasons
+	}
+	return nil
+}
+
+func (x *MonitorDatapathRequest) GetServices() []string {
+	if x != nil {
+		return x.Services
+	}
+	return nil
+}
+
+func (x *MonitorDatapathRequest) GetDropsOnly() bool {
+	if x != nil {
+		return x.DropsOnly
+	}
+	return false
+}
+
+func (x *MonitorDatapathRequest) GetForwarded() bool {
+	if x != nil {
+		return x.Forwarded
+	}
+	return false
+}
+
+type MonitorDatapathResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Event *MonitorEvent          `protobuf:"bytes,1,opt,name=event,proto3" json:"event,omitempty"`
+	// Events this stream lost since the previous response because it did not read them
+	// fast enough.
+	LostEvents    uint64 `protobuf:"varint,2,opt,name=lost_events,json=lostEvents,proto3" json:"lost_events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MonitorDatapathResponse) Reset() {
+	*x = MonitorDatapathResponse{}
+	mi := &file_lbd_v1_api_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MonitorDatapathResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MonitorDatapathResponse) ProtoMessage() {}
+
+func (x *MonitorDatapathResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_lbd_v1_api_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MonitorDatapathResponse.ProtoReflect.Descriptor instead.
+func (*MonitorDatapathResponse) Descriptor() ([]byte, []int) {
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *MonitorDatapathResponse) GetEvent() *MonitorEvent {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *MonitorDatapathResponse) GetLostEvents() uint64 {
+	if x != nil {
+		return x.LostEvents
+	}
+	return 0
+}
+
 type ListConnectionsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Filters; empty matches all.
@@ -1630,7 +1758,7 @@ type ListConnectionsRequest struct {
 
 func (x *ListConnectionsRequest) Reset() {
 	*x = ListConnectionsRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[27]
+	mi := &file_lbd_v1_api_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1642,7 +1770,7 @@ func (x *ListConnectionsRequest) String() string {
 func (*ListConnectionsRequest) ProtoMessage() {}
 
 func (x *ListConnectionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[27]
+	mi := &file_lbd_v1_api_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1655,7 +1783,7 @@ func (x *ListConnectionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListConnectionsRequest.ProtoReflect.Descriptor instead.
 func (*ListConnectionsRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{27}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListConnectionsRequest) GetVip() string {
@@ -1720,7 +1848,7 @@ type ListConnectionsResponse struct {
 
 func (x *ListConnectionsResponse) Reset() {
 	*x = ListConnectionsResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[28]
+	mi := &file_lbd_v1_api_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1732,7 +1860,7 @@ func (x *ListConnectionsResponse) String() string {
 func (*ListConnectionsResponse) ProtoMessage() {}
 
 func (x *ListConnectionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[28]
+	mi := &file_lbd_v1_api_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1745,7 +1873,7 @@ func (x *ListConnectionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListConnectionsResponse.ProtoReflect.Descriptor instead.
 func (*ListConnectionsResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{28}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListConnectionsResponse) GetConnections() []*Connection {
@@ -1782,7 +1910,7 @@ type ListSocketTranslationsRequest struct {
 
 func (x *ListSocketTranslationsRequest) Reset() {
 	*x = ListSocketTranslationsRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[29]
+	mi := &file_lbd_v1_api_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1794,7 +1922,7 @@ func (x *ListSocketTranslationsRequest) String() string {
 func (*ListSocketTranslationsRequest) ProtoMessage() {}
 
 func (x *ListSocketTranslationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[29]
+	mi := &file_lbd_v1_api_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1807,7 +1935,7 @@ func (x *ListSocketTranslationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSocketTranslationsRequest.ProtoReflect.Descriptor instead.
 func (*ListSocketTranslationsRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{29}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListSocketTranslationsRequest) GetVip() string {
@@ -1842,7 +1970,7 @@ type ListSocketTranslationsResponse struct {
 
 func (x *ListSocketTranslationsResponse) Reset() {
 	*x = ListSocketTranslationsResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[30]
+	mi := &file_lbd_v1_api_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1854,7 +1982,7 @@ func (x *ListSocketTranslationsResponse) String() string {
 func (*ListSocketTranslationsResponse) ProtoMessage() {}
 
 func (x *ListSocketTranslationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[30]
+	mi := &file_lbd_v1_api_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1867,7 +1995,7 @@ func (x *ListSocketTranslationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSocketTranslationsResponse.ProtoReflect.Descriptor instead.
 func (*ListSocketTranslationsResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{30}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListSocketTranslationsResponse) GetTranslations() []*SocketTranslation {
@@ -1903,7 +2031,7 @@ type GetStatsRequest struct {
 
 func (x *GetStatsRequest) Reset() {
 	*x = GetStatsRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[31]
+	mi := &file_lbd_v1_api_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1915,7 +2043,7 @@ func (x *GetStatsRequest) String() string {
 func (*GetStatsRequest) ProtoMessage() {}
 
 func (x *GetStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[31]
+	mi := &file_lbd_v1_api_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1928,7 +2056,7 @@ func (x *GetStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatsRequest.ProtoReflect.Descriptor instead.
 func (*GetStatsRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{31}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GetStatsRequest) GetServices() []string {
@@ -1980,7 +2108,7 @@ type GetStatsResponse struct {
 
 func (x *GetStatsResponse) Reset() {
 	*x = GetStatsResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[32]
+	mi := &file_lbd_v1_api_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1992,7 +2120,7 @@ func (x *GetStatsResponse) String() string {
 func (*GetStatsResponse) ProtoMessage() {}
 
 func (x *GetStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[32]
+	mi := &file_lbd_v1_api_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2005,7 +2133,7 @@ func (x *GetStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatsResponse.ProtoReflect.Descriptor instead.
 func (*GetStatsResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{32}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *GetStatsResponse) GetServices() []*ServiceStats {
@@ -2045,7 +2173,7 @@ type CreateBgpPeerRequest struct {
 
 func (x *CreateBgpPeerRequest) Reset() {
 	*x = CreateBgpPeerRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[33]
+	mi := &file_lbd_v1_api_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2057,7 +2185,7 @@ func (x *CreateBgpPeerRequest) String() string {
 func (*CreateBgpPeerRequest) ProtoMessage() {}
 
 func (x *CreateBgpPeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[33]
+	mi := &file_lbd_v1_api_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2070,7 +2198,7 @@ func (x *CreateBgpPeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateBgpPeerRequest.ProtoReflect.Descriptor instead.
 func (*CreateBgpPeerRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{33}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *CreateBgpPeerRequest) GetPeer() *BgpPeer {
@@ -2089,7 +2217,7 @@ type CreateBgpPeerResponse struct {
 
 func (x *CreateBgpPeerResponse) Reset() {
 	*x = CreateBgpPeerResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[34]
+	mi := &file_lbd_v1_api_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2101,7 +2229,7 @@ func (x *CreateBgpPeerResponse) String() string {
 func (*CreateBgpPeerResponse) ProtoMessage() {}
 
 func (x *CreateBgpPeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[34]
+	mi := &file_lbd_v1_api_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2114,7 +2242,7 @@ func (x *CreateBgpPeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateBgpPeerResponse.ProtoReflect.Descriptor instead.
 func (*CreateBgpPeerResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{34}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *CreateBgpPeerResponse) GetPeer() *BgpPeer {
@@ -2133,7 +2261,7 @@ type GetBgpPeerRequest struct {
 
 func (x *GetBgpPeerRequest) Reset() {
 	*x = GetBgpPeerRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[35]
+	mi := &file_lbd_v1_api_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2145,7 +2273,7 @@ func (x *GetBgpPeerRequest) String() string {
 func (*GetBgpPeerRequest) ProtoMessage() {}
 
 func (x *GetBgpPeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[35]
+	mi := &file_lbd_v1_api_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2158,7 +2286,7 @@ func (x *GetBgpPeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBgpPeerRequest.ProtoReflect.Descriptor instead.
 func (*GetBgpPeerRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{35}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GetBgpPeerRequest) GetAddress() string {
@@ -2177,7 +2305,7 @@ type GetBgpPeerResponse struct {
 
 func (x *GetBgpPeerResponse) Reset() {
 	*x = GetBgpPeerResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[36]
+	mi := &file_lbd_v1_api_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2189,7 +2317,7 @@ func (x *GetBgpPeerResponse) String() string {
 func (*GetBgpPeerResponse) ProtoMessage() {}
 
 func (x *GetBgpPeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[36]
+	mi := &file_lbd_v1_api_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2202,7 +2330,7 @@ func (x *GetBgpPeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBgpPeerResponse.ProtoReflect.Descriptor instead.
 func (*GetBgpPeerResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{36}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GetBgpPeerResponse) GetPeer() *BgpPeer {
@@ -2220,7 +2348,7 @@ type ListBgpPeersRequest struct {
 
 func (x *ListBgpPeersRequest) Reset() {
 	*x = ListBgpPeersRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[37]
+	mi := &file_lbd_v1_api_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2232,7 +2360,7 @@ func (x *ListBgpPeersRequest) String() string {
 func (*ListBgpPeersRequest) ProtoMessage() {}
 
 func (x *ListBgpPeersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[37]
+	mi := &file_lbd_v1_api_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2245,7 +2373,7 @@ func (x *ListBgpPeersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBgpPeersRequest.ProtoReflect.Descriptor instead.
 func (*ListBgpPeersRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{37}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{39}
 }
 
 type ListBgpPeersResponse struct {
@@ -2257,7 +2385,7 @@ type ListBgpPeersResponse struct {
 
 func (x *ListBgpPeersResponse) Reset() {
 	*x = ListBgpPeersResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[38]
+	mi := &file_lbd_v1_api_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2269,7 +2397,7 @@ func (x *ListBgpPeersResponse) String() string {
 func (*ListBgpPeersResponse) ProtoMessage() {}
 
 func (x *ListBgpPeersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[38]
+	mi := &file_lbd_v1_api_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2282,7 +2410,7 @@ func (x *ListBgpPeersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBgpPeersResponse.ProtoReflect.Descriptor instead.
 func (*ListBgpPeersResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{38}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListBgpPeersResponse) GetPeers() []*BgpPeer {
@@ -2301,7 +2429,7 @@ type UpdateBgpPeerRequest struct {
 
 func (x *UpdateBgpPeerRequest) Reset() {
 	*x = UpdateBgpPeerRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[39]
+	mi := &file_lbd_v1_api_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2313,7 +2441,7 @@ func (x *UpdateBgpPeerRequest) String() string {
 func (*UpdateBgpPeerRequest) ProtoMessage() {}
 
 func (x *UpdateBgpPeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[39]
+	mi := &file_lbd_v1_api_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2326,7 +2454,7 @@ func (x *UpdateBgpPeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateBgpPeerRequest.ProtoReflect.Descriptor instead.
 func (*UpdateBgpPeerRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{39}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *UpdateBgpPeerRequest) GetPeer() *BgpPeer {
@@ -2345,7 +2473,7 @@ type UpdateBgpPeerResponse struct {
 
 func (x *UpdateBgpPeerResponse) Reset() {
 	*x = UpdateBgpPeerResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[40]
+	mi := &file_lbd_v1_api_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2357,7 +2485,7 @@ func (x *UpdateBgpPeerResponse) String() string {
 func (*UpdateBgpPeerResponse) ProtoMessage() {}
 
 func (x *UpdateBgpPeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[40]
+	mi := &file_lbd_v1_api_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2370,7 +2498,7 @@ func (x *UpdateBgpPeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateBgpPeerResponse.ProtoReflect.Descriptor instead.
 func (*UpdateBgpPeerResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{40}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *UpdateBgpPeerResponse) GetPeer() *BgpPeer {
@@ -2389,7 +2517,7 @@ type DeleteBgpPeerRequest struct {
 
 func (x *DeleteBgpPeerRequest) Reset() {
 	*x = DeleteBgpPeerRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[41]
+	mi := &file_lbd_v1_api_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2401,7 +2529,7 @@ func (x *DeleteBgpPeerRequest) String() string {
 func (*DeleteBgpPeerRequest) ProtoMessage() {}
 
 func (x *DeleteBgpPeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[41]
+	mi := &file_lbd_v1_api_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2414,7 +2542,7 @@ func (x *DeleteBgpPeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBgpPeerRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBgpPeerRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{41}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DeleteBgpPeerRequest) GetAddress() string {
@@ -2432,7 +2560,7 @@ type DeleteBgpPeerResponse struct {
 
 func (x *DeleteBgpPeerResponse) Reset() {
 	*x = DeleteBgpPeerResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[42]
+	mi := &file_lbd_v1_api_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2444,7 +2572,7 @@ func (x *DeleteBgpPeerResponse) String() string {
 func (*DeleteBgpPeerResponse) ProtoMessage() {}
 
 func (x *DeleteBgpPeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[42]
+	mi := &file_lbd_v1_api_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2457,7 +2585,7 @@ func (x *DeleteBgpPeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBgpPeerResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBgpPeerResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{42}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{44}
 }
 
 type ListBgpRoutesRequest struct {
@@ -2468,7 +2596,7 @@ type ListBgpRoutesRequest struct {
 
 func (x *ListBgpRoutesRequest) Reset() {
 	*x = ListBgpRoutesRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[43]
+	mi := &file_lbd_v1_api_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2480,7 +2608,7 @@ func (x *ListBgpRoutesRequest) String() string {
 func (*ListBgpRoutesRequest) ProtoMessage() {}
 
 func (x *ListBgpRoutesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[43]
+	mi := &file_lbd_v1_api_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2493,7 +2621,7 @@ func (x *ListBgpRoutesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBgpRoutesRequest.ProtoReflect.Descriptor instead.
 func (*ListBgpRoutesRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{43}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{45}
 }
 
 type ListBgpRoutesResponse struct {
@@ -2508,7 +2636,7 @@ type ListBgpRoutesResponse struct {
 
 func (x *ListBgpRoutesResponse) Reset() {
 	*x = ListBgpRoutesResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[44]
+	mi := &file_lbd_v1_api_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2520,7 +2648,7 @@ func (x *ListBgpRoutesResponse) String() string {
 func (*ListBgpRoutesResponse) ProtoMessage() {}
 
 func (x *ListBgpRoutesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[44]
+	mi := &file_lbd_v1_api_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2533,7 +2661,7 @@ func (x *ListBgpRoutesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBgpRoutesResponse.ProtoReflect.Descriptor instead.
 func (*ListBgpRoutesResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{44}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ListBgpRoutesResponse) GetRoutes() []*BgpRoute {
@@ -2558,7 +2686,7 @@ type GetNodeRequest struct {
 
 func (x *GetNodeRequest) Reset() {
 	*x = GetNodeRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[45]
+	mi := &file_lbd_v1_api_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2570,7 +2698,7 @@ func (x *GetNodeRequest) String() string {
 func (*GetNodeRequest) ProtoMessage() {}
 
 func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[45]
+	mi := &file_lbd_v1_api_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2583,7 +2711,7 @@ func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeRequest.ProtoReflect.Descriptor instead.
 func (*GetNodeRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{45}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{47}
 }
 
 type GetNodeResponse struct {
@@ -2595,7 +2723,7 @@ type GetNodeResponse struct {
 
 func (x *GetNodeResponse) Reset() {
 	*x = GetNodeResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[46]
+	mi := &file_lbd_v1_api_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2607,7 +2735,7 @@ func (x *GetNodeResponse) String() string {
 func (*GetNodeResponse) ProtoMessage() {}
 
 func (x *GetNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[46]
+	mi := &file_lbd_v1_api_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2620,7 +2748,7 @@ func (x *GetNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeResponse.ProtoReflect.Descriptor instead.
 func (*GetNodeResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{46}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *GetNodeResponse) GetNode() *Node {
@@ -2638,7 +2766,7 @@ type DrainNodeRequest struct {
 
 func (x *DrainNodeRequest) Reset() {
 	*x = DrainNodeRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[47]
+	mi := &file_lbd_v1_api_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2650,7 +2778,7 @@ func (x *DrainNodeRequest) String() string {
 func (*DrainNodeRequest) ProtoMessage() {}
 
 func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[47]
+	mi := &file_lbd_v1_api_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2663,7 +2791,7 @@ func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeRequest.ProtoReflect.Descriptor instead.
 func (*DrainNodeRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{47}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{49}
 }
 
 type DrainNodeResponse struct {
@@ -2675,7 +2803,7 @@ type DrainNodeResponse struct {
 
 func (x *DrainNodeResponse) Reset() {
 	*x = DrainNodeResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[48]
+	mi := &file_lbd_v1_api_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2687,7 +2815,7 @@ func (x *DrainNodeResponse) String() string {
 func (*DrainNodeResponse) ProtoMessage() {}
 
 func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[48]
+	mi := &file_lbd_v1_api_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2700,7 +2828,7 @@ func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeResponse.ProtoReflect.Descriptor instead.
 func (*DrainNodeResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{48}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *DrainNodeResponse) GetNode() *Node {
@@ -2718,7 +2846,7 @@ type UndrainNodeRequest struct {
 
 func (x *UndrainNodeRequest) Reset() {
 	*x = UndrainNodeRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[49]
+	mi := &file_lbd_v1_api_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2730,7 +2858,7 @@ func (x *UndrainNodeRequest) String() string {
 func (*UndrainNodeRequest) ProtoMessage() {}
 
 func (x *UndrainNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[49]
+	mi := &file_lbd_v1_api_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2743,7 +2871,7 @@ func (x *UndrainNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UndrainNodeRequest.ProtoReflect.Descriptor instead.
 func (*UndrainNodeRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{49}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{51}
 }
 
 type UndrainNodeResponse struct {
@@ -2755,7 +2883,7 @@ type UndrainNodeResponse struct {
 
 func (x *UndrainNodeResponse) Reset() {
 	*x = UndrainNodeResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[50]
+	mi := &file_lbd_v1_api_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2767,7 +2895,7 @@ func (x *UndrainNodeResponse) String() string {
 func (*UndrainNodeResponse) ProtoMessage() {}
 
 func (x *UndrainNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[50]
+	mi := &file_lbd_v1_api_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2780,7 +2908,7 @@ func (x *UndrainNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UndrainNodeResponse.ProtoReflect.Descriptor instead.
 func (*UndrainNodeResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{50}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *UndrainNodeResponse) GetNode() *Node {
@@ -2798,7 +2926,7 @@ type DetachNodeRequest struct {
 
 func (x *DetachNodeRequest) Reset() {
 	*x = DetachNodeRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[51]
+	mi := &file_lbd_v1_api_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2810,7 +2938,7 @@ func (x *DetachNodeRequest) String() string {
 func (*DetachNodeRequest) ProtoMessage() {}
 
 func (x *DetachNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[51]
+	mi := &file_lbd_v1_api_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2823,7 +2951,7 @@ func (x *DetachNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachNodeRequest.ProtoReflect.Descriptor instead.
 func (*DetachNodeRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{51}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{53}
 }
 
 type DetachNodeResponse struct {
@@ -2835,7 +2963,7 @@ type DetachNodeResponse struct {
 
 func (x *DetachNodeResponse) Reset() {
 	*x = DetachNodeResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[52]
+	mi := &file_lbd_v1_api_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2847,7 +2975,7 @@ func (x *DetachNodeResponse) String() string {
 func (*DetachNodeResponse) ProtoMessage() {}
 
 func (x *DetachNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[52]
+	mi := &file_lbd_v1_api_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2860,7 +2988,7 @@ func (x *DetachNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachNodeResponse.ProtoReflect.Descriptor instead.
 func (*DetachNodeResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{52}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *DetachNodeResponse) GetNode() *Node {
@@ -2878,7 +3006,7 @@ type VerifyNodeRequest struct {
 
 func (x *VerifyNodeRequest) Reset() {
 	*x = VerifyNodeRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[53]
+	mi := &file_lbd_v1_api_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2890,7 +3018,7 @@ func (x *VerifyNodeRequest) String() string {
 func (*VerifyNodeRequest) ProtoMessage() {}
 
 func (x *VerifyNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[53]
+	mi := &file_lbd_v1_api_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2903,7 +3031,7 @@ func (x *VerifyNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyNodeRequest.ProtoReflect.Descriptor instead.
 func (*VerifyNodeRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{53}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{55}
 }
 
 type VerifyNodeResponse struct {
@@ -2917,7 +3045,7 @@ type VerifyNodeResponse struct {
 
 func (x *VerifyNodeResponse) Reset() {
 	*x = VerifyNodeResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[54]
+	mi := &file_lbd_v1_api_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2929,7 +3057,7 @@ func (x *VerifyNodeResponse) String() string {
 func (*VerifyNodeResponse) ProtoMessage() {}
 
 func (x *VerifyNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[54]
+	mi := &file_lbd_v1_api_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2942,7 +3070,7 @@ func (x *VerifyNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyNodeResponse.ProtoReflect.Descriptor instead.
 func (*VerifyNodeResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{54}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *VerifyNodeResponse) GetRepaired() []*Drift {
@@ -3050,7 +3178,17 @@ const file_lbd_v1_api_proto_rawDesc = "" +
 	"\fservice_name\x18\x01 \x01(\tR\vserviceName\x12)\n" +
 	"\abackend\x18\x02 \x01(\v2\x0f.lbd.v1.BackendR\abackend\x12\x18\n" +
 	"\averdict\x18\x03 \x01(\tR\averdict\x12\x16\n" +
-	"\x06reason\x18\x04 \x01(\tR\x06reason\"\xef\x01\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"\x8b\x01\n" +
+	"\x16MonitorDatapathRequest\x12\x18\n" +
+	"\areasons\x18\x01 \x03(\tR\areasons\x12\x1a\n" +
+	"\bservices\x18\x02 \x03(\tR\bservices\x12\x1d\n" +
+	"\n" +
+	"drops_only\x18\x03 \x01(\bR\tdropsOnly\x12\x1c\n" +
+	"\tforwarded\x18\x04 \x01(\bR\tforwarded\"f\n" +
+	"\x17MonitorDatapathResponse\x12*\n" +
+	"\x05event\x18\x01 \x01(\v2\x14.lbd.v1.MonitorEventR\x05event\x12\x1f\n" +
+	"\vlost_events\x18\x02 \x01(\x04R\n" +
+	"lostEvents\"\xef\x01\n" +
 	"\x16ListConnectionsRequest\x12\x10\n" +
 	"\x03vip\x18\x01 \x01(\tR\x03vip\x12%\n" +
 	"\x0eclient_address\x18\x02 \x01(\tR\rclientAddress\x12'\n" +
@@ -3131,7 +3269,8 @@ const file_lbd_v1_api_proto_rawDesc = "" +
 	"\x19WATCH_EVENT_TYPE_MODIFIED\x10\x02\x12\x1c\n" +
 	"\x18WATCH_EVENT_TYPE_DELETED\x10\x03\x12\x1b\n" +
 	"\x17WATCH_EVENT_TYPE_SYNCED\x10\x04\x12\x1e\n" +
-	"\x1aWATCH_EVENT_TYPE_STALENESS\x10\x052\xe5\t\n" +
+	"\x1aWATCH_EVENT_TYPE_STALENESS\x10\x052\xbb\n" +
+	"\n" +
 	"\x13LoadBalancerService\x12L\n" +
 	"\rCreateService\x12\x1c.lbd.v1.CreateServiceRequest\x1a\x1d.lbd.v1.CreateServiceResponse\x12C\n" +
 	"\n" +
@@ -3150,7 +3289,8 @@ const file_lbd_v1_api_proto_rawDesc = "" +
 	"\tTraceFlow\x12\x18.lbd.v1.TraceFlowRequest\x1a\x19.lbd.v1.TraceFlowResponse\x12R\n" +
 	"\x0fListConnections\x12\x1e.lbd.v1.ListConnectionsRequest\x1a\x1f.lbd.v1.ListConnectionsResponse\x12=\n" +
 	"\bGetStats\x12\x17.lbd.v1.GetStatsRequest\x1a\x18.lbd.v1.GetStatsResponse\x12g\n" +
-	"\x16ListSocketTranslations\x12%.lbd.v1.ListSocketTranslationsRequest\x1a&.lbd.v1.ListSocketTranslationsResponse2\xd4\x03\n" +
+	"\x16ListSocketTranslations\x12%.lbd.v1.ListSocketTranslationsRequest\x1a&.lbd.v1.ListSocketTranslationsResponse\x12T\n" +
+	"\x0fMonitorDatapath\x12\x1e.lbd.v1.MonitorDatapathRequest\x1a\x1f.lbd.v1.MonitorDatapathResponse0\x012\xd4\x03\n" +
 	"\n" +
 	"BgpService\x12L\n" +
 	"\rCreateBgpPeer\x12\x1c.lbd.v1.CreateBgpPeerRequest\x1a\x1d.lbd.v1.CreateBgpPeerResponse\x12C\n" +
@@ -3182,7 +3322,7 @@ func file_lbd_v1_api_proto_rawDescGZIP() []byte {
 }
 
 var file_lbd_v1_api_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_lbd_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
+var file_lbd_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
 var file_lbd_v1_api_proto_goTypes = []any{
 	(ServiceChangeType)(0),                 // 0: lbd.v1.ServiceChangeType
 	(WatchEventType)(0),                    // 1: lbd.v1.WatchEventType
@@ -3213,153 +3353,159 @@ var file_lbd_v1_api_proto_goTypes = []any{
 	(*DeleteBackendResponse)(nil),          // 26: lbd.v1.DeleteBackendResponse
 	(*TraceFlowRequest)(nil),               // 27: lbd.v1.TraceFlowRequest
 	(*TraceFlowResponse)(nil),              // 28: lbd.v1.TraceFlowResponse
-	(*ListConnectionsRequest)(nil),         // 29: lbd.v1.ListConnectionsRequest
-	(*ListConnectionsResponse)(nil),        // 30: lbd.v1.ListConnectionsResponse
-	(*ListSocketTranslationsRequest)(nil),  // 31: lbd.v1.ListSocketTranslationsRequest
-	(*ListSocketTranslationsResponse)(nil), // 32: lbd.v1.ListSocketTranslationsResponse
-	(*GetStatsRequest)(nil),                // 33: lbd.v1.GetStatsRequest
-	(*GetStatsResponse)(nil),               // 34: lbd.v1.GetStatsResponse
-	(*CreateBgpPeerRequest)(nil),           // 35: lbd.v1.CreateBgpPeerRequest
-	(*CreateBgpPeerResponse)(nil),          // 36: lbd.v1.CreateBgpPeerResponse
-	(*GetBgpPeerRequest)(nil),              // 37: lbd.v1.GetBgpPeerRequest
-	(*GetBgpPeerResponse)(nil),             // 38: lbd.v1.GetBgpPeerResponse
-	(*ListBgpPeersRequest)(nil),            // 39: lbd.v1.ListBgpPeersRequest
-	(*ListBgpPeersResponse)(nil),           // 40: lbd.v1.ListBgpPeersResponse
-	(*UpdateBgpPeerRequest)(nil),           // 41: lbd.v1.UpdateBgpPeerRequest
-	(*UpdateBgpPeerResponse)(nil),          // 42: lbd.v1.UpdateBgpPeerResponse
-	(*DeleteBgpPeerRequest)(nil),           // 43: lbd.v1.DeleteBgpPeerRequest
-	(*DeleteBgpPeerResponse)(nil),          // 44: lbd.v1.DeleteBgpPeerResponse
-	(*ListBgpRoutesRequest)(nil),           // 45: lbd.v1.ListBgpRoutesRequest
-	(*ListBgpRoutesResponse)(nil),          // 46: lbd.v1.ListBgpRoutesResponse
-	(*GetNodeRequest)(nil),                 // 47: lbd.v1.GetNodeRequest
-	(*GetNodeResponse)(nil),                // 48: lbd.v1.GetNodeResponse
-	(*DrainNodeRequest)(nil),               // 49: lbd.v1.DrainNodeRequest
-	(*DrainNodeResponse)(nil),              // 50: lbd.v1.DrainNodeResponse
-	(*UndrainNodeRequest)(nil),             // 51: lbd.v1.UndrainNodeRequest
-	(*UndrainNodeResponse)(nil),            // 52: lbd.v1.UndrainNodeResponse
-	(*DetachNodeRequest)(nil),              // 53: lbd.v1.DetachNodeRequest
-	(*DetachNodeResponse)(nil),             // 54: lbd.v1.DetachNodeResponse
-	(*VerifyNodeRequest)(nil),              // 55: lbd.v1.VerifyNodeRequest
-	(*VerifyNodeResponse)(nil),             // 56: lbd.v1.VerifyNodeResponse
-	(*Service)(nil),                        // 57: lbd.v1.Service
-	(*Backend)(nil),                        // 58: lbd.v1.Backend
-	(*fieldmaskpb.FieldMask)(nil),          // 59: google.protobuf.FieldMask
-	(BackendState)(0),                      // 60: lbd.v1.BackendState
-	(Protocol)(0),                          // 61: lbd.v1.Protocol
-	(*Connection)(nil),                     // 62: lbd.v1.Connection
-	(*SocketTranslation)(nil),              // 63: lbd.v1.SocketTranslation
-	(StatsOrder)(0),                        // 64: lbd.v1.StatsOrder
-	(*ServiceStats)(nil),                   // 65: lbd.v1.ServiceStats
-	(*Counter)(nil),                        // 66: lbd.v1.Counter
-	(*EventCounter)(nil),                   // 67: lbd.v1.EventCounter
-	(*BgpPeer)(nil),                        // 68: lbd.v1.BgpPeer
-	(*BgpRoute)(nil),                       // 69: lbd.v1.BgpRoute
-	(*Node)(nil),                           // 70: lbd.v1.Node
-	(*Drift)(nil),                          // 71: lbd.v1.Drift
+	(*MonitorDatapathRequest)(nil),         // 29: lbd.v1.MonitorDatapathRequest
+	(*MonitorDatapathResponse)(nil),        // 30: lbd.v1.MonitorDatapathResponse
+	(*ListConnectionsRequest)(nil),         // 31: lbd.v1.ListConnectionsRequest
+	(*ListConnectionsResponse)(nil),        // 32: lbd.v1.ListConnectionsResponse
+	(*ListSocketTranslationsRequest)(nil),  // 33: lbd.v1.ListSocketTranslationsRequest
+	(*ListSocketTranslationsResponse)(nil), // 34: lbd.v1.ListSocketTranslationsResponse
+	(*GetStatsRequest)(nil),                // 35: lbd.v1.GetStatsRequest
+	(*GetStatsResponse)(nil),               // 36: lbd.v1.GetStatsResponse
+	(*CreateBgpPeerRequest)(nil),           // 37: lbd.v1.CreateBgpPeerRequest
+	(*CreateBgpPeerResponse)(nil),          // 38: lbd.v1.CreateBgpPeerResponse
+	(*GetBgpPeerRequest)(nil),              // 39: lbd.v1.GetBgpPeerRequest
+	(*GetBgpPeerResponse)(nil),             // 40: lbd.v1.GetBgpPeerResponse
+	(*ListBgpPeersRequest)(nil),            // 41: lbd.v1.ListBgpPeersRequest
+	(*ListBgpPeersResponse)(nil),           // 42: lbd.v1.ListBgpPeersResponse
+	(*UpdateBgpPeerRequest)(nil),           // 43: lbd.v1.UpdateBgpPeerRequest
+	(*UpdateBgpPeerResponse)(nil),          // 44: lbd.v1.UpdateBgpPeerResponse
+	(*DeleteBgpPeerRequest)(nil),           // 45: lbd.v1.DeleteBgpPeerRequest
+	(*DeleteBgpPeerResponse)(nil),          // 46: lbd.v1.DeleteBgpPeerResponse
+	(*ListBgpRoutesRequest)(nil),           // 47: lbd.v1.ListBgpRoutesRequest
+	(*ListBgpRoutesResponse)(nil),          // 48: lbd.v1.ListBgpRoutesResponse
+	(*GetNodeRequest)(nil),                 // 49: lbd.v1.GetNodeRequest
+	(*GetNodeResponse)(nil),                // 50: lbd.v1.GetNodeResponse
+	(*DrainNodeRequest)(nil),               // 51: lbd.v1.DrainNodeRequest
+	(*DrainNodeResponse)(nil),              // 52: lbd.v1.DrainNodeResponse
+	(*UndrainNodeRequest)(nil),             // 53: lbd.v1.UndrainNodeRequest
+	(*UndrainNodeResponse)(nil),            // 54: lbd.v1.UndrainNodeResponse
+	(*DetachNodeRequest)(nil),              // 55: lbd.v1.DetachNodeRequest
+	(*DetachNodeResponse)(nil),             // 56: lbd.v1.DetachNodeResponse
+	(*VerifyNodeRequest)(nil),              // 57: lbd.v1.VerifyNodeRequest
+	(*VerifyNodeResponse)(nil),             // 58: lbd.v1.VerifyNodeResponse
+	(*Service)(nil),                        // 59: lbd.v1.Service
+	(*Backend)(nil),                        // 60: lbd.v1.Backend
+	(*fieldmaskpb.FieldMask)(nil),          // 61: google.protobuf.FieldMask
+	(BackendState)(0),                      // 62: lbd.v1.BackendState
+	(Protocol)(0),                          // 63: lbd.v1.Protocol
+	(*MonitorEvent)(nil),                   // 64: lbd.v1.MonitorEvent
+	(*Connection)(nil),                     // 65: lbd.v1.Connection
+	(*SocketTranslation)(nil),              // 66: lbd.v1.SocketTranslation
+	(StatsOrder)(0),                        // 67: lbd.v1.StatsOrder
+	(*ServiceStats)(nil),                   // 68: lbd.v1.ServiceStats
+	(*Counter)(nil),                        // 69: lbd.v1.Counter
+	(*EventCounter)(nil),                   // 70: lbd.v1.EventCounter
+	(*BgpPeer)(nil),                        // 71: lbd.v1.BgpPeer
+	(*BgpRoute)(nil),                       // 72: lbd.v1.BgpRoute
+	(*Node)(nil),                           // 73: lbd.v1.Node
+	(*Drift)(nil),                          // 74: lbd.v1.Drift
 }
 var file_lbd_v1_api_proto_depIdxs = []int32{
-	57, // 0: lbd.v1.CreateServiceRequest.service:type_name -> lbd.v1.Service
-	57, // 1: lbd.v1.CreateServiceResponse.service:type_name -> lbd.v1.Service
-	57, // 2: lbd.v1.GetServiceResponse.service:type_name -> lbd.v1.Service
-	57, // 3: lbd.v1.ListServicesResponse.services:type_name -> lbd.v1.Service
-	57, // 4: lbd.v1.UpdateServiceRequest.service:type_name -> lbd.v1.Service
-	57, // 5: lbd.v1.UpdateServiceResponse.service:type_name -> lbd.v1.Service
-	57, // 6: lbd.v1.ApplyServicesRequest.services:type_name -> lbd.v1.Service
+	59, // 0: lbd.v1.CreateServiceRequest.service:type_name -> lbd.v1.Service
+	59, // 1: lbd.v1.CreateServiceResponse.service:type_name -> lbd.v1.Service
+	59, // 2: lbd.v1.GetServiceResponse.service:type_name -> lbd.v1.Service
+	59, // 3: lbd.v1.ListServicesResponse.services:type_name -> lbd.v1.Service
+	59, // 4: lbd.v1.UpdateServiceRequest.service:type_name -> lbd.v1.Service
+	59, // 5: lbd.v1.UpdateServiceResponse.service:type_name -> lbd.v1.Service
+	59, // 6: lbd.v1.ApplyServicesRequest.services:type_name -> lbd.v1.Service
 	14, // 7: lbd.v1.ApplyServicesResponse.changes:type_name -> lbd.v1.ServiceChange
 	0,  // 8: lbd.v1.ServiceChange.type:type_name -> lbd.v1.ServiceChangeType
-	57, // 9: lbd.v1.ServiceChange.before:type_name -> lbd.v1.Service
-	57, // 10: lbd.v1.ServiceChange.after:type_name -> lbd.v1.Service
+	59, // 9: lbd.v1.ServiceChange.before:type_name -> lbd.v1.Service
+	59, // 10: lbd.v1.ServiceChange.after:type_name -> lbd.v1.Service
 	1,  // 11: lbd.v1.WatchServicesResponse.type:type_name -> lbd.v1.WatchEventType
-	57, // 12: lbd.v1.WatchServicesResponse.service:type_name -> lbd.v1.Service
-	58, // 13: lbd.v1.CreateBackendRequest.backend:type_name -> lbd.v1.Backend
-	58, // 14: lbd.v1.CreateBackendResponse.backend:type_name -> lbd.v1.Backend
-	58, // 15: lbd.v1.GetBackendResponse.backend:type_name -> lbd.v1.Backend
-	58, // 16: lbd.v1.ListBackendsResponse.backends:type_name -> lbd.v1.Backend
-	58, // 17: lbd.v1.UpdateBackendRequest.backend:type_name -> lbd.v1.Backend
-	59, // 18: lbd.v1.UpdateBackendRequest.update_mask:type_name -> google.protobuf.FieldMask
-	60, // 19: lbd.v1.UpdateBackendRequest.only_from_states:type_name -> lbd.v1.BackendState
-	58, // 20: lbd.v1.UpdateBackendResponse.backend:type_name -> lbd.v1.Backend
-	61, // 21: lbd.v1.TraceFlowRequest.protocol:type_name -> lbd.v1.Protocol
-	58, // 22: lbd.v1.TraceFlowResponse.backend:type_name -> lbd.v1.Backend
-	62, // 23: lbd.v1.ListConnectionsResponse.connections:type_name -> lbd.v1.Connection
-	63, // 24: lbd.v1.ListSocketTranslationsResponse.translations:type_name -> lbd.v1.SocketTranslation
-	64, // 25: lbd.v1.GetStatsRequest.order_by:type_name -> lbd.v1.StatsOrder
-	65, // 26: lbd.v1.GetStatsResponse.services:type_name -> lbd.v1.ServiceStats
-	66, // 27: lbd.v1.GetStatsResponse.reasons:type_name -> lbd.v1.Counter
-	67, // 28: lbd.v1.GetStatsResponse.socket_events:type_name -> lbd.v1.EventCounter
-	67, // 29: lbd.v1.GetStatsResponse.conntrack_events:type_name -> lbd.v1.EventCounter
-	68, // 30: lbd.v1.CreateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
-	68, // 31: lbd.v1.CreateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
-	68, // 32: lbd.v1.GetBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
-	68, // 33: lbd.v1.ListBgpPeersResponse.peers:type_name -> lbd.v1.BgpPeer
-	68, // 34: lbd.v1.UpdateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
-	68, // 35: lbd.v1.UpdateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
-	69, // 36: lbd.v1.ListBgpRoutesResponse.routes:type_name -> lbd.v1.BgpRoute
-	70, // 37: lbd.v1.GetNodeResponse.node:type_name -> lbd.v1.Node
-	70, // 38: lbd.v1.DrainNodeResponse.node:type_name -> lbd.v1.Node
-	70, // 39: lbd.v1.UndrainNodeResponse.node:type_name -> lbd.v1.Node
-	70, // 40: lbd.v1.DetachNodeResponse.node:type_name -> lbd.v1.Node
-	71, // 41: lbd.v1.VerifyNodeResponse.repaired:type_name -> lbd.v1.Drift
-	70, // 42: lbd.v1.VerifyNodeResponse.node:type_name -> lbd.v1.Node
-	2,  // 43: lbd.v1.LoadBalancerService.CreateService:input_type -> lbd.v1.CreateServiceRequest
-	4,  // 44: lbd.v1.LoadBalancerService.GetService:input_type -> lbd.v1.GetServiceRequest
-	6,  // 45: lbd.v1.LoadBalancerService.ListServices:input_type -> lbd.v1.ListServicesRequest
-	8,  // 46: lbd.v1.LoadBalancerService.UpdateService:input_type -> lbd.v1.UpdateServiceRequest
-	10, // 47: lbd.v1.LoadBalancerService.DeleteService:input_type -> lbd.v1.DeleteServiceRequest
-	12, // 48: lbd.v1.LoadBalancerService.ApplyServices:input_type -> lbd.v1.ApplyServicesRequest
-	15, // 49: lbd.v1.LoadBalancerService.WatchServices:input_type -> lbd.v1.WatchServicesRequest
-	17, // 50: lbd.v1.LoadBalancerService.CreateBackend:input_type -> lbd.v1.CreateBackendRequest
-	19, // 51: lbd.v1.LoadBalancerService.GetBackend:input_type -> lbd.v1.GetBackendRequest
-	21, // 52: lbd.v1.LoadBalancerService.ListBackends:input_type -> lbd.v1.ListBackendsRequest
-	23, // 53: lbd.v1.LoadBalancerService.UpdateBackend:input_type -> lbd.v1.UpdateBackendRequest
-	25, // 54: lbd.v1.LoadBalancerService.DeleteBackend:input_type -> lbd.v1.DeleteBackendRequest
-	27, // 55: lbd.v1.LoadBalancerService.TraceFlow:input_type -> lbd.v1.TraceFlowRequest
-	29, // 56: lbd.v1.LoadBalancerService.ListConnections:input_type -> lbd.v1.ListConnectionsRequest
-	33, // 57: lbd.v1.LoadBalancerService.GetStats:input_type -> lbd.v1.GetStatsRequest
-	31, // 58: lbd.v1.LoadBalancerService.ListSocketTranslations:input_type -> lbd.v1.ListSocketTranslationsRequest
-	35, // 59: lbd.v1.BgpService.CreateBgpPeer:input_type -> lbd.v1.CreateBgpPeerRequest
-	37, // 60: lbd.v1.BgpService.GetBgpPeer:input_type -> lbd.v1.GetBgpPeerRequest
-	39, // 61: lbd.v1.BgpService.ListBgpPeers:input_type -> lbd.v1.ListBgpPeersRequest
-	41, // 62: lbd.v1.BgpService.UpdateBgpPeer:input_type -> lbd.v1.UpdateBgpPeerRequest
-	43, // 63: lbd.v1.BgpService.DeleteBgpPeer:input_type -> lbd.v1.DeleteBgpPeerRequest
-	45, // 64: lbd.v1.BgpService.ListBgpRoutes:input_type -> lbd.v1.ListBgpRoutesRequest
-	47, // 65: lbd.v1.NodeService.GetNode:input_type -> lbd.v1.GetNodeRequest
-	49, // 66: lbd.v1.NodeService.DrainNode:input_type -> lbd.v1.DrainNodeRequest
-	51, // 67: lbd.v1.NodeService.UndrainNode:input_type -> lbd.v1.UndrainNodeRequest
-	53, // 68: lbd.v1.NodeService.DetachNode:input_type -> lbd.v1.DetachNodeRequest
-	55, // 69: lbd.v1.NodeService.VerifyNode:input_type -> lbd.v1.VerifyNodeRequest
-	3,  // 70: lbd.v1.LoadBalancerService.CreateService:output_type -> lbd.v1.CreateServiceResponse
-	5,  // 71: lbd.v1.LoadBalancerService.GetService:output_type -> lbd.v1.GetServiceResponse
-	7,  // 72: lbd.v1.LoadBalancerService.ListServices:output_type -> lbd.v1.ListServicesResponse
-	9,  // 73: lbd.v1.LoadBalancerService.UpdateService:output_type -> lbd.v1.UpdateServiceResponse
-	11, // 74: lbd.v1.LoadBalancerService.DeleteService:output_type -> lbd.v1.DeleteServiceResponse
-	13, // 75: lbd.v1.LoadBalancerService.ApplyServices:output_type -> lbd.v1.ApplyServicesResponse
-	16, // 76: lbd.v1.LoadBalancerService.WatchServices:output_type -> lbd.v1.WatchServicesResponse
-	18, // 77: lbd.v1.LoadBalancerService.CreateBackend:output_type -> lbd.v1.CreateBackendResponse
-	20, // 78: lbd.v1.LoadBalancerService.GetBackend:output_type -> lbd.v1.GetBackendResponse
-	22, // 79: lbd.v1.LoadBalancerService.ListBackends:output_type -> lbd.v1.ListBackendsResponse
-	24, // 80: lbd.v1.LoadBalancerService.UpdateBackend:output_type -> lbd.v1.UpdateBackendResponse
-	26, // 81: lbd.v1.LoadBalancerService.DeleteBackend:output_type -> lbd.v1.DeleteBackendResponse
-	28, // 82: lbd.v1.LoadBalancerService.TraceFlow:output_type -> lbd.v1.TraceFlowResponse
-	30, // 83: lbd.v1.LoadBalancerService.ListConnections:output_type -> lbd.v1.ListConnectionsResponse
-	34, // 84: lbd.v1.LoadBalancerService.GetStats:output_type -> lbd.v1.GetStatsResponse
-	32, // 85: lbd.v1.LoadBalancerService.ListSocketTranslations:output_type -> lbd.v1.ListSocketTranslationsResponse
-	36, // 86: lbd.v1.BgpService.CreateBgpPeer:output_type -> lbd.v1.CreateBgpPeerResponse
-	38, // 87: lbd.v1.BgpService.GetBgpPeer:output_type -> lbd.v1.GetBgpPeerResponse
-	40, // 88: lbd.v1.BgpService.ListBgpPeers:output_type -> lbd.v1.ListBgpPeersResponse
-	42, // 89: lbd.v1.BgpService.UpdateBgpPeer:output_type -> lbd.v1.UpdateBgpPeerResponse
-	44, // 90: lbd.v1.BgpService.DeleteBgpPeer:output_type -> lbd.v1.DeleteBgpPeerResponse
-	46, // 91: lbd.v1.BgpService.ListBgpRoutes:output_type -> lbd.v1.ListBgpRoutesResponse
-	48, // 92: lbd.v1.NodeService.GetNode:output_type -> lbd.v1.GetNodeResponse
-	50, // 93: lbd.v1.NodeService.DrainNode:output_type -> lbd.v1.DrainNodeResponse
-	52, // 94: lbd.v1.NodeService.UndrainNode:output_type -> lbd.v1.UndrainNodeResponse
-	54, // 95: lbd.v1.NodeService.DetachNode:output_type -> lbd.v1.DetachNodeResponse
-	56, // 96: lbd.v1.NodeService.VerifyNode:output_type -> lbd.v1.VerifyNodeResponse
-	70, // [70:97] is the sub-list for method output_type
-	43, // [43:70] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	43, // [43:43] is the sub-list for extension extendee
-	0,  // [0:43] is the sub-list for field type_name
+	59, // 12: lbd.v1.WatchServicesResponse.service:type_name -> lbd.v1.Service
+	60, // 13: lbd.v1.CreateBackendRequest.backend:type_name -> lbd.v1.Backend
+	60, // 14: lbd.v1.CreateBackendResponse.backend:type_name -> lbd.v1.Backend
+	60, // 15: lbd.v1.GetBackendResponse.backend:type_name -> lbd.v1.Backend
+	60, // 16: lbd.v1.ListBackendsResponse.backends:type_name -> lbd.v1.Backend
+	60, // 17: lbd.v1.UpdateBackendRequest.backend:type_name -> lbd.v1.Backend
+	61, // 18: lbd.v1.UpdateBackendRequest.update_mask:type_name -> google.protobuf.FieldMask
+	62, // 19: lbd.v1.UpdateBackendRequest.only_from_states:type_name -> lbd.v1.BackendState
+	60, // 20: lbd.v1.UpdateBackendResponse.backend:type_name -> lbd.v1.Backend
+	63, // 21: lbd.v1.TraceFlowRequest.protocol:type_name -> lbd.v1.Protocol
+	60, // 22: lbd.v1.TraceFlowResponse.backend:type_name -> lbd.v1.Backend
+	64, // 23: lbd.v1.MonitorDatapathResponse.event:type_name -> lbd.v1.MonitorEvent
+	65, // 24: lbd.v1.ListConnectionsResponse.connections:type_name -> lbd.v1.Connection
+	66, // 25: lbd.v1.ListSocketTranslationsResponse.translations:type_name -> lbd.v1.SocketTranslation
+	67, // 26: lbd.v1.GetStatsRequest.order_by:type_name -> lbd.v1.StatsOrder
+	68, // 27: lbd.v1.GetStatsResponse.services:type_name -> lbd.v1.ServiceStats
+	69, // 28: lbd.v1.GetStatsResponse.reasons:type_name -> lbd.v1.Counter
+	70, // 29: lbd.v1.GetStatsResponse.socket_events:type_name -> lbd.v1.EventCounter
+	70, // 30: lbd.v1.GetStatsResponse.conntrack_events:type_name -> lbd.v1.EventCounter
+	71, // 31: lbd.v1.CreateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
+	71, // 32: lbd.v1.CreateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
+	71, // 33: lbd.v1.GetBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
+	71, // 34: lbd.v1.ListBgpPeersResponse.peers:type_name -> lbd.v1.BgpPeer
+	71, // 35: lbd.v1.UpdateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
+	71, // 36: lbd.v1.UpdateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
+	72, // 37: lbd.v1.ListBgpRoutesResponse.routes:type_name -> lbd.v1.BgpRoute
+	73, // 38: lbd.v1.GetNodeResponse.node:type_name -> lbd.v1.Node
+	73, // 39: lbd.v1.DrainNodeResponse.node:type_name -> lbd.v1.Node
+	73, // 40: lbd.v1.UndrainNodeResponse.node:type_name -> lbd.v1.Node
+	73, // 41: lbd.v1.DetachNodeResponse.node:type_name -> lbd.v1.Node
+	74, // 42: lbd.v1.VerifyNodeResponse.repaired:type_name -> lbd.v1.Drift
+	73, // 43: lbd.v1.VerifyNodeResponse.node:type_name -> lbd.v1.Node
+	2,  // 44: lbd.v1.LoadBalancerService.CreateService:input_type -> lbd.v1.CreateServiceRequest
+	4,  // 45: lbd.v1.LoadBalancerService.GetService:input_type -> lbd.v1.GetServiceRequest
+	6,  // 46: lbd.v1.LoadBalancerService.ListServices:input_type -> lbd.v1.ListServicesRequest
+	8,  // 47: lbd.v1.LoadBalancerService.UpdateService:input_type -> lbd.v1.UpdateServiceRequest
+	10, // 48: lbd.v1.LoadBalancerService.DeleteService:input_type -> lbd.v1.DeleteServiceRequest
+	12, // 49: lbd.v1.LoadBalancerService.ApplyServices:input_type -> lbd.v1.ApplyServicesRequest
+	15, // 50: lbd.v1.LoadBalancerService.WatchServices:input_type -> lbd.v1.WatchServicesRequest
+	17, // 51: lbd.v1.LoadBalancerService.CreateBackend:input_type -> lbd.v1.CreateBackendRequest
+	19, // 52: lbd.v1.LoadBalancerService.GetBackend:input_type -> lbd.v1.GetBackendRequest
+	21, // 53: lbd.v1.LoadBalancerService.ListBackends:input_type -> lbd.v1.ListBackendsRequest
+	23, // 54: lbd.v1.LoadBalancerService.UpdateBackend:input_type -> lbd.v1.UpdateBackendRequest
+	25, // 55: lbd.v1.LoadBalancerService.DeleteBackend:input_type -> lbd.v1.DeleteBackendRequest
+	27, // 56: lbd.v1.LoadBalancerService.TraceFlow:input_type -> lbd.v1.TraceFlowRequest
+	31, // 57: lbd.v1.LoadBalancerService.ListConnections:input_type -> lbd.v1.ListConnectionsRequest
+	35, // 58: lbd.v1.LoadBalancerService.GetStats:input_type -> lbd.v1.GetStatsRequest
+	33, // 59: lbd.v1.LoadBalancerService.ListSocketTranslations:input_type -> lbd.v1.ListSocketTranslationsRequest
+	29, // 60: lbd.v1.LoadBalancerService.MonitorDatapath:input_type -> lbd.v1.MonitorDatapathRequest
+	37, // 61: lbd.v1.BgpService.CreateBgpPeer:input_type -> lbd.v1.CreateBgpPeerRequest
+	39, // 62: lbd.v1.BgpService.GetBgpPeer:input_type -> lbd.v1.GetBgpPeerRequest
+	41, // 63: lbd.v1.BgpService.ListBgpPeers:input_type -> lbd.v1.ListBgpPeersRequest
+	43, // 64: lbd.v1.BgpService.UpdateBgpPeer:input_type -> lbd.v1.UpdateBgpPeerRequest
+	45, // 65: lbd.v1.BgpService.DeleteBgpPeer:input_type -> lbd.v1.DeleteBgpPeerRequest
+	47, // 66: lbd.v1.BgpService.ListBgpRoutes:input_type -> lbd.v1.ListBgpRoutesRequest
+	49, // 67: lbd.v1.NodeService.GetNode:input_type -> lbd.v1.GetNodeRequest
+	51, // 68: lbd.v1.NodeService.DrainNode:input_type -> lbd.v1.DrainNodeRequest
+	53, // 69: lbd.v1.NodeService.UndrainNode:input_type -> lbd.v1.UndrainNodeRequest
+	55, // 70: lbd.v1.NodeService.DetachNode:input_type -> lbd.v1.DetachNodeRequest
+	57, // 71: lbd.v1.NodeService.VerifyNode:input_type -> lbd.v1.VerifyNodeRequest
+	3,  // 72: lbd.v1.LoadBalancerService.CreateService:output_type -> lbd.v1.CreateServiceResponse
+	5,  // 73: lbd.v1.LoadBalancerService.GetService:output_type -> lbd.v1.GetServiceResponse
+	7,  // 74: lbd.v1.LoadBalancerService.ListServices:output_type -> lbd.v1.ListServicesResponse
+	9,  // 75: lbd.v1.LoadBalancerService.UpdateService:output_type -> lbd.v1.UpdateServiceResponse
+	11, // 76: lbd.v1.LoadBalancerService.DeleteService:output_type -> lbd.v1.DeleteServiceResponse
+	13, // 77: lbd.v1.LoadBalancerService.ApplyServices:output_type -> lbd.v1.ApplyServicesResponse
+	16, // 78: lbd.v1.LoadBalancerService.WatchServices:output_type -> lbd.v1.WatchServicesResponse
+	18, // 79: lbd.v1.LoadBalancerService.CreateBackend:output_type -> lbd.v1.CreateBackendResponse
+	20, // 80: lbd.v1.LoadBalancerService.GetBackend:output_type -> lbd.v1.GetBackendResponse
+	22, // 81: lbd.v1.LoadBalancerService.ListBackends:output_type -> lbd.v1.ListBackendsResponse
+	24, // 82: lbd.v1.LoadBalancerService.UpdateBackend:output_type -> lbd.v1.UpdateBackendResponse
+	26, // 83: lbd.v1.LoadBalancerService.DeleteBackend:output_type -> lbd.v1.DeleteBackendResponse
+	28, // 84: lbd.v1.LoadBalancerService.TraceFlow:output_type -> lbd.v1.TraceFlowResponse
+	32, // 85: lbd.v1.LoadBalancerService.ListConnections:output_type -> lbd.v1.ListConnectionsResponse
+	36, // 86: lbd.v1.LoadBalancerService.GetStats:output_type -> lbd.v1.GetStatsResponse
+	34, // 87: lbd.v1.LoadBalancerService.ListSocketTranslations:output_type -> lbd.v1.ListSocketTranslationsResponse
+	30, // 88: lbd.v1.LoadBalancerService.MonitorDatapath:output_type -> lbd.v1.MonitorDatapathResponse
+	38, // 89: lbd.v1.BgpService.CreateBgpPeer:output_type -> lbd.v1.CreateBgpPeerResponse
+	40, // 90: lbd.v1.BgpService.GetBgpPeer:output_type -> lbd.v1.GetBgpPeerResponse
+	42, // 91: lbd.v1.BgpService.ListBgpPeers:output_type -> lbd.v1.ListBgpPeersResponse
+	44, // 92: lbd.v1.BgpService.UpdateBgpPeer:output_type -> lbd.v1.UpdateBgpPeerResponse
+	46, // 93: lbd.v1.BgpService.DeleteBgpPeer:output_type -> lbd.v1.DeleteBgpPeerResponse
+	48, // 94: lbd.v1.BgpService.ListBgpRoutes:output_type -> lbd.v1.ListBgpRoutesResponse
+	50, // 95: lbd.v1.NodeService.GetNode:output_type -> lbd.v1.GetNodeResponse
+	52, // 96: lbd.v1.NodeService.DrainNode:output_type -> lbd.v1.DrainNodeResponse
+	54, // 97: lbd.v1.NodeService.UndrainNode:output_type -> lbd.v1.UndrainNodeResponse
+	56, // 98: lbd.v1.NodeService.DetachNode:output_type -> lbd.v1.DetachNodeResponse
+	58, // 99: lbd.v1.NodeService.VerifyNode:output_type -> lbd.v1.VerifyNodeResponse
+	72, // [72:100] is the sub-list for method output_type
+	44, // [44:72] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_lbd_v1_api_proto_init() }
@@ -3378,7 +3524,7 @@ func file_lbd_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lbd_v1_api_proto_rawDesc), len(file_lbd_v1_api_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   55,
+			NumMessages:   57,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -41,6 +41,7 @@ const (
 	LoadBalancerService_ListConnections_FullMethodName        = "/lbd.v1.LoadBalancerService/ListConnections"
 	LoadBalancerService_GetStats_FullMethodName               = "/lbd.v1.LoadBalancerService/GetStats"
 	LoadBalancerService_ListSocketTranslations_FullMethodName = "/lbd.v1.LoadBalancerService/ListSocketTranslations"
+	LoadBalancerService_MonitorDatapath_FullMethodName        = "/lbd.v1.LoadBalancerService/MonitorDatapath"
 )
 
 // LoadBalancerServiceClient is the client API for LoadBalancerService service.
@@ -96,6 +97,13 @@ type LoadBalancerServiceClient interface {
 	// ListSocketTranslations lists the sockets of local processes that socket-level load
 	// balancing (datapath.socket_lb) connected to a backend instead of a VIP.
 	ListSocketTranslations(ctx context.Context, in *ListSocketTranslationsRequest, opts ...grpc.CallOption) (*ListSocketTranslationsResponse, error)
+	// MonitorDatapath streams, as they happen, the packets the LB datapath dropped, answered
+	// or passed to the kernel, each with its reason, verdict and first bytes, and with
+	// forwarded set the packets it balanced too. The kernel samples and rate-limits them
+	// (datapath.monitor) and reports none while no stream is open. A stream that does not
+	// keep up loses events, never slows the others: each response says how many it lost.
+	// The packets are clients' traffic: operators and admins only.
+	MonitorDatapath(ctx context.Context, in *MonitorDatapathRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[MonitorDatapathResponse], error)
 }
 
 type loadBalancerServiceClient struct {
@@ -275,6 +283,25 @@ func (c *loadBalancerServiceClient) ListSocketTranslations(ctx context.Context, 
 	return out, nil
 }
 
+func (c *loadBalancerServiceClient) MonitorDatapath(ctx context.Context, in *MonitorDatapathRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[MonitorDatapathResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &LoadBalancerService_ServiceDesc.Streams[1], LoadBalancerService_MonitorDatapath_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[MonitorDatapathRequest, MonitorDatapathResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type LoadBalancerService_MonitorDatapathClient = grpc.ServerStreamingClient[MonitorDatapathResponse]
+
 // LoadBalancerServiceServer is the server API for LoadBalancerService service.
 // All implementations must embed UnimplementedLoadBalancerServiceServer
 // for forward compatibility.
@@ -328,6 +355,13 @@ type LoadBalancerServiceServer interface {
 	// ListSocketTranslations lists the sockets of local processes that socket-level load
 	// balancing (datapath.socket_lb) connected to a backend instead of a VIP.
 	ListSocketTranslations(context.Context, *ListSocketTranslationsRequest) (*ListSocketTranslationsResponse, error)
+	// MonitorDatapath streams, as they happen, the packets the LB datapath dropped, answered
+	// or passed to the kernel, each with its reason, verdict and first bytes, and with
+	// forwarded set the packets it balanced too. The kernel samples and rate-limits them
+	// (datapath.monitor) and reports none while no stream is open. A stream that does not
+	// keep up loses events, never slows the others: each response says how many it lost.
+	// The packets are clients' traffic: operators and admins only.
+	MonitorDatapath(*MonitorDatapathRequest, grpc.ServerStreamingServer[MonitorDatapathResponse]) error
 	mustEmbedUnimplementedLoadBalancerServiceServer()
 }
 
@@ -385,6 +419,9 @@ func (UnimplementedLoadBalancerServiceServer) GetStats(context.Context, *GetStat
 }
 func (UnimplementedLoadBalancerServiceServer) ListSocketTranslations(context.Context, *ListSocketTranslationsRequest) (*ListSocketTranslationsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListSocketTranslations not implemented")
+}
+func (UnimplementedLoadBalancerServiceServer) MonitorDatapath(*MonitorDatapathRequest, grpc.ServerStreamingServer[MonitorDatapathResponse]) error {
+	return status.Error(codes.Unimplemented, "method MonitorDatapath not implemented")
 }
 func (UnimplementedLoadBalancerServiceServer) mustEmbedUnimplementedLoadBalancerServiceServer() {}
 func (UnimplementedLoadBalancerServiceServer) testEmbeddedByValue()                             {}
@@ -688,6 +725,17 @@ func _LoadBalancerService_ListSocketTranslations_Handler(srv interface{}, ctx co
 	return interceptor(ctx, in, info, handler)
 }
 
+func _LoadBalancerService_MonitorDatapath_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(MonitorDatapathRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(LoadBalancerServiceServer).MonitorDatapath(m, &grpc.GenericServerStream[MonitorDatapathRequest, MonitorDatapathResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type LoadBalancerService_MonitorDatapathServer = grpc.ServerStreamingServer[MonitorDatapathResponse]
+
 // LoadBalancerService_ServiceDesc is the grpc.ServiceDesc for LoadBalancerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -760,6 +808,11 @@ var LoadBalancerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "WatchServices",
 			Handler:       _LoadBalancerService_WatchServices_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "MonitorDatapath",
+			Handler:       _LoadBalancerService_MonitorDatapath_Handler,
 			ServerStreams: true,
 		},
 	},

@@ -568,6 +568,171 @@ func (x *EventCounter) GetCount() uint64 {
 	return 0
 }
 
+// MonitorEvent is one packet the LB datapath reported to MonitorDatapath.
+type MonitorEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// When the datapath handled it.
+	Time *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=time,proto3" json:"time,omitempty"`
+	// Why it left the forwarding path, as lbd_datapath_packets_total{reason} and lbctl
+	// trace name it (malformed, no_service, rejected, ...); "forwarded" for a packet the
+	// datapath balanced.
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// What the datapath did with it: XDP_DROP, XDP_TX (an answer, or forwarded out of the
+	// interface it came in by), XDP_REDIRECT (forwarded) or XDP_PASS (to the kernel).
+	Verdict string `protobuf:"bytes,3,opt,name=verdict,proto3" json:"verdict,omitempty"`
+	// The interface it arrived on.
+	Interface string `protobuf:"bytes,4,opt,name=interface,proto3" json:"interface,omitempty"`
+	// The client's flow, decoded from the packet's bytes (from the inner packet and the
+	// DSR option of an encapsulated one, from the original of an answer): empty where the
+	// bytes do not say (a malformed header).
+	SourceAddress      string `protobuf:"bytes,5,opt,name=source_address,json=sourceAddress,proto3" json:"source_address,omitempty"`
+	SourcePort         uint32 `protobuf:"varint,6,opt,name=source_port,json=sourcePort,proto3" json:"source_port,omitempty"`
+	DestinationAddress string `protobuf:"bytes,7,opt,name=destination_address,json=destinationAddress,proto3" json:"destination_address,omitempty"`
+	DestinationPort    uint32 `protobuf:"varint,8,opt,name=destination_port,json=destinationPort,proto3" json:"destination_port,omitempty"`
+	// The IP protocol number (6 TCP, 17 UDP, 132 SCTP, 1 ICMP, 58 ICMPv6); 0 when unknown.
+	IpProtocol uint32 `protobuf:"varint,9,opt,name=ip_protocol,json=ipProtocol,proto3" json:"ip_protocol,omitempty"`
+	// The service whose VIP, port and protocol the flow is for; empty if none.
+	ServiceName string `protobuf:"bytes,10,opt,name=service_name,json=serviceName,proto3" json:"service_name,omitempty"`
+	// For a forwarded packet, the backend it was sent to.
+	BackendAddress string `protobuf:"bytes,11,opt,name=backend_address,json=backendAddress,proto3" json:"backend_address,omitempty"`
+	BackendPort    uint32 `protobuf:"varint,12,opt,name=backend_port,json=backendPort,proto3" json:"backend_port,omitempty"`
+	// The frame's length in bytes, and its first bytes (at most 128), Ethernet header
+	// first, as the datapath left it: a dropped packet as it arrived, an answered one as
+	// the answer sent back (a TCP reset, an ICMP error), a forwarded one encapsulated.
+	Length        uint32 `protobuf:"varint,13,opt,name=length,proto3" json:"length,omitempty"`
+	Data          []byte `protobuf:"bytes,14,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MonitorEvent) Reset() {
+	*x = MonitorEvent{}
+	mi := &file_lbd_v1_datapath_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MonitorEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MonitorEvent) ProtoMessage() {}
+
+func (x *MonitorEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_lbd_v1_datapath_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MonitorEvent.ProtoReflect.Descriptor instead.
+func (*MonitorEvent) Descriptor() ([]byte, []int) {
+	return file_lbd_v1_datapath_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *MonitorEvent) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *MonitorEvent) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *MonitorEvent) GetVerdict() string {
+	if x != nil {
+		return x.Verdict
+	}
+	return ""
+}
+
+func (x *MonitorEvent) GetInterface() string {
+	if x != nil {
+		return x.Interface
+	}
+	return ""
+}
+
+func (x *MonitorEvent) GetSourceAddress() string {
+	if x != nil {
+		return x.SourceAddress
+	}
+	return ""
+}
+
+func (x *MonitorEvent) GetSourcePort() uint32 {
+	if x != nil {
+		return x.SourcePort
+	}
+	return 0
+}
+
+func (x *MonitorEvent) GetDestinationAddress() string {
+	if x != nil {
+		return x.DestinationAddress
+	}
+	return ""
+}
+
+func (x *MonitorEvent) GetDestinationPort() uint32 {
+	if x != nil {
+		return x.DestinationPort
+	}
+	return 0
+}
+
+func (x *MonitorEvent) GetIpProtocol() uint32 {
+	if x != nil {
+		return x.IpProtocol
+	}
+	return 0
+}
+
+func (x *MonitorEvent) GetServiceName() string {
+	if x != nil {
+		return x.ServiceName
+	}
+	return ""
+}
+
+func (x *MonitorEvent) GetBackendAddress() string {
+	if x != nil {
+		return x.BackendAddress
+	}
+	return ""
+}
+
+func (x *MonitorEvent) GetBackendPort() uint32 {
+	if x != nil {
+		return x.BackendPort
+	}
+	return 0
+}
+
+func (x *MonitorEvent) GetLength() uint32 {
+	if x != nil {
+		return x.Length
+	}
+	return 0
+}
+
+func (x *MonitorEvent) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
 var File_lbd_v1_datapath_proto protoreflect.FileDescriptor
 
 const file_lbd_v1_datapath_proto_rawDesc = "" +
@@ -613,7 +778,25 @@ const file_lbd_v1_datapath_proto_rawDesc = "" +
 	"\tnew_flows\x18\x05 \x01(\x04R\bnewFlows\"8\n" +
 	"\fEventCounter\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
-	"\x05count\x18\x02 \x01(\x04R\x05count*\x8a\x01\n" +
+	"\x05count\x18\x02 \x01(\x04R\x05count\"\xee\x03\n" +
+	"\fMonitorEvent\x12.\n" +
+	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x18\n" +
+	"\averdict\x18\x03 \x01(\tR\averdict\x12\x1c\n" +
+	"\tinterface\x18\x04 \x01(\tR\tinterface\x12%\n" +
+	"\x0esource_address\x18\x05 \x01(\tR\rsourceAddress\x12\x1f\n" +
+	"\vsource_port\x18\x06 \x01(\rR\n" +
+	"sourcePort\x12/\n" +
+	"\x13destination_address\x18\a \x01(\tR\x12destinationAddress\x12)\n" +
+	"\x10destination_port\x18\b \x01(\rR\x0fdestinationPort\x12\x1f\n" +
+	"\vip_protocol\x18\t \x01(\rR\n" +
+	"ipProtocol\x12!\n" +
+	"\fservice_name\x18\n" +
+	" \x01(\tR\vserviceName\x12'\n" +
+	"\x0fbackend_address\x18\v \x01(\tR\x0ebackendAddress\x12!\n" +
+	"\fbackend_port\x18\f \x01(\rR\vbackendPort\x12\x16\n" +
+	"\x06length\x18\r \x01(\rR\x06length\x12\x12\n" +
+	"\x04data\x18\x0e \x01(\fR\x04data*\x8a\x01\n" +
 	"\n" +
 	"StatsOrder\x12\x1b\n" +
 	"\x17STATS_ORDER_UNSPECIFIED\x10\x00\x12\x14\n" +
@@ -635,7 +818,7 @@ func file_lbd_v1_datapath_proto_rawDescGZIP() []byte {
 }
 
 var file_lbd_v1_datapath_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_lbd_v1_datapath_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_lbd_v1_datapath_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_lbd_v1_datapath_proto_goTypes = []any{
 	(StatsOrder)(0),               // 0: lbd.v1.StatsOrder
 	(*Connection)(nil),            // 1: lbd.v1.Connection
@@ -644,20 +827,22 @@ var file_lbd_v1_datapath_proto_goTypes = []any{
 	(*ServiceStats)(nil),          // 4: lbd.v1.ServiceStats
 	(*BackendStats)(nil),          // 5: lbd.v1.BackendStats
 	(*EventCounter)(nil),          // 6: lbd.v1.EventCounter
-	(Protocol)(0),                 // 7: lbd.v1.Protocol
-	(*timestamppb.Timestamp)(nil), // 8: google.protobuf.Timestamp
+	(*MonitorEvent)(nil),          // 7: lbd.v1.MonitorEvent
+	(Protocol)(0),                 // 8: lbd.v1.Protocol
+	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
 }
 var file_lbd_v1_datapath_proto_depIdxs = []int32{
-	7, // 0: lbd.v1.Connection.protocol:type_name -> lbd.v1.Protocol
-	8, // 1: lbd.v1.Connection.last_seen_time:type_name -> google.protobuf.Timestamp
-	7, // 2: lbd.v1.SocketTranslation.protocol:type_name -> lbd.v1.Protocol
-	8, // 3: lbd.v1.SocketTranslation.create_time:type_name -> google.protobuf.Timestamp
+	8, // 0: lbd.v1.Connection.protocol:type_name -> lbd.v1.Protocol
+	9, // 1: lbd.v1.Connection.last_seen_time:type_name -> google.protobuf.Timestamp
+	8, // 2: lbd.v1.SocketTranslation.protocol:type_name -> lbd.v1.Protocol
+	9, // 3: lbd.v1.SocketTranslation.create_time:type_name -> google.protobuf.Timestamp
 	5, // 4: lbd.v1.ServiceStats.backends:type_name -> lbd.v1.BackendStats
-	5, // [5:5] is the sub-list for method output_type
-	5, // [5:5] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	9, // 5: lbd.v1.MonitorEvent.time:type_name -> google.protobuf.Timestamp
+	6, // [6:6] is the sub-list for method output_type
+	6, // [6:6] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_lbd_v1_datapath_proto_init() }
@@ -672,7 +857,7 @@ func file_lbd_v1_datapath_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lbd_v1_datapath_proto_rawDesc), len(file_lbd_v1_datapath_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
