@@ -18,7 +18,7 @@ import (
 var (
 	mdLink  = regexp.MustCompile(`\]\(([^)\s]+)\)`)
 	mdPath  = regexp.MustCompile(`(?:^|[\s("'` + "`" + `])((?:[A-Za-z0-9_.-]+/)*[A-Za-z0-9_-]+\.md)\b`)
-	heading = regexp.MustCompile("^#{1,6}\\s+(.*?)\\s*#*\\s*$")
+	heading = regexp.MustCompile(`^#{1,6}\s+(.*?)\s*#*\s*$`)
 )
 
 // refSources are the files whose references are checked.
