@@ -46,9 +46,11 @@ type Config struct {
 }
 
 // Metrics chooses what /metrics exports. By default a node exports node-level series
-// and 9 series per service, none per backend; per-backend series (lbd_backend_packets_total,
-// _bytes_total, _new_flows_total and lbd_backend_health: 4 per backend) are exported
-// only for the services chosen here. `lbctl stats` shows every backend's counters
+// (the services counted by state, their backends by health, the LB datapath's totals)
+// and, while it holds at most service_series_limit services, 9 series per service;
+// none per backend. Per-backend series (lbd_backend_packets_total, _bytes_total,
+// _new_flows_total and lbd_backend_health: 4 per backend) are exported only for the
+// services chosen here. `lbctl stats` shows every service's and backend's counters
 // without them.
 type Metrics struct {
 	// BackendSeries exports per-backend series for every service: 4 more series per
@@ -58,7 +60,21 @@ type Metrics struct {
 	// exact names, or patterns in which * stands for any run of characters
 	// ("payments/*"). Empty: none. Not together with backend_series.
 	BackendSeriesServices []string `json:"backend_series_services"`
+	// ServiceSeriesLimit is the most services that get per-service series (9 each).
+	// While the node holds no more services than this, every one gets them; above it,
+	// only those service_series_services selects, the first of them by name up to the
+	// limit, and lbd_metrics_services_omitted counts the others. 0: no limit, 9 series
+	// for every service (90,000 at 10,000 services, about 4.7 MiB per scrape).
+	ServiceSeriesLimit int `json:"service_series_limit"`
+	// ServiceSeriesServices selects the services that keep their per-service series
+	// above service_series_limit: exact names, or patterns in which * stands for any
+	// run of characters. Empty: none.
+	ServiceSeriesServices []string `json:"service_series_services"`
 }
+
+// DefaultServiceSeriesLimit keeps a default scrape under 20,000 series and 2 MiB
+// (docs/operations.md): 18,000 per-service series at most.
+const DefaultServiceSeriesLimit = 2000
 
 // Datapath configures the BPF programs of the roles.
 type Datapath struct {
@@ -304,6 +320,7 @@ func Default() Config {
 			VerifyInterval:     Duration(5 * time.Second),
 		},
 		MetricsListen: "127.0.0.1:9310",
+		Metrics:       Metrics{ServiceSeriesLimit: DefaultServiceSeriesLimit},
 		Store:         Store{Type: StoreFile, Prefix: DefaultStorePrefix, Timeout: Duration(5 * time.Second)},
 	}
 }
@@ -387,6 +404,17 @@ func (c Config) Validate() error {
 	}
 	if _, err := servicematch.Compile(c.Metrics.BackendSeriesServices); err != nil {
 		errs = append(errs, fmt.Errorf("metrics.backend_series_services%w", err))
+	}
+	if c.Metrics.ServiceSeriesLimit < 0 {
+		errs = append(errs, fmt.Errorf("metrics.service_series_limit: %d is negative: give the most services that get per-service series, or 0 for no limit",
+			c.Metrics.ServiceSeriesLimit))
+	}
+	if _, err := servicematch.Compile(c.Metrics.ServiceSeriesServices); err != nil {
+		errs = append(errs, fmt.Errorf("metrics.service_series_services%w", err))
+	}
+	if c.Metrics.ServiceSeriesLimit == 0 && len(c.Metrics.ServiceSeriesServices) > 0 {
+		errs = append(errs, errors.New("metrics.service_series_services: has no effect while metrics.service_series_limit is 0 "+
+			"(every service gets per-service series): keep one of the two"))
 	}
 	if c.Metrics.BackendSeries && len(c.Metrics.BackendSeriesServices) > 0 {
 		errs = append(errs, errors.New("metrics.backend_series_services: has no effect while metrics.backend_series is true "+

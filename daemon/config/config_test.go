@@ -34,6 +34,9 @@ func TestExampleIsDefault(t *testing.T) {
 	if len(got.Metrics.BackendSeriesServices) == 0 {
 		got.Metrics.BackendSeriesServices = want.Metrics.BackendSeriesServices
 	}
+	if len(got.Metrics.ServiceSeriesServices) == 0 {
+		got.Metrics.ServiceSeriesServices = want.Metrics.ServiceSeriesServices
+	}
 	if len(got.Store.Endpoints) == 0 {
 		got.Store.Endpoints = want.Store.Endpoints
 	}
@@ -216,6 +219,13 @@ func TestValidate(t *testing.T) {
 			c.Metrics = config.Metrics{BackendSeries: true, BackendSeriesServices: []string{"web"}}
 		}, []string{"metrics.backend_series_services", "metrics.backend_series is true"}},
 		{"backend series blank service", func(c *config.Config) { c.Metrics.BackendSeriesServices = []string{"web", ""} }, []string{"metrics.backend_series_services[1]", "empty"}},
+		{"service series for listed services", func(c *config.Config) { c.Metrics.ServiceSeriesServices = []string{"web", "payments/*"} }, nil},
+		{"service series without limit", func(c *config.Config) { c.Metrics.ServiceSeriesLimit = 0 }, nil},
+		{"service series negative limit", func(c *config.Config) { c.Metrics.ServiceSeriesLimit = -1 }, []string{"metrics.service_series_limit", "-1", "negative"}},
+		{"service series blank service", func(c *config.Config) { c.Metrics.ServiceSeriesServices = []string{"*", ""} }, []string{"metrics.service_series_services[1]", "empty"}},
+		{"service series listed without limit", func(c *config.Config) {
+			c.Metrics.ServiceSeriesLimit, c.Metrics.ServiceSeriesServices = 0, []string{"web"}
+		}, []string{"metrics.service_series_services", "metrics.service_series_limit is 0"}},
 		{"total backends below per-service", func(c *config.Config) { c.Limits.MaxBackends = 10 }, []string{"max_backends"}},
 		{"unknown role", func(c *config.Config) { c.Roles = []string{"router"} }, []string{"roles", "router"}},
 		{"role twice", func(c *config.Config) { c.Roles = []string{"lb", "lb"} }, []string{"roles", "twice"}},
