@@ -133,7 +133,7 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 	if withDatapath {
 		opening = dp
 	}
-	met, err := newMetrics(cfg, opening, st, ready)
+	met, err := newMetrics(cfg, opening, st, ready, log.Named("metrics"))
 	if err != nil {
 		return err
 	}

@@ -163,7 +163,7 @@ func (n *scaleNode) metrics(tb testing.TB, m config.Metrics) http.Handler {
 	}
 	dp := &openingDatapath{}
 	dp.set(n.mgr)
-	met, err := newMetrics(cfg, dp, n.st, n.mgr.Ready)
+	met, err := newMetrics(cfg, dp, n.st, n.mgr.Ready, hclog.NewNullLogger())
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -212,68 +212,150 @@ func (s scrape) series() []string {
 // (docs/operations.md, "Metrics").
 const perService, perBackend = 9, 4
 
-// TestScrapeScales scrapes an LB node of 1,000 services × 10 backends, programmed into
-// real maps (BenchmarkScrape10k measures 10,000): the default scrape has no series with
-// a backend label, 9 per service, and stays under 2 MiB and 20,000 series; with
-// per-backend series on, every backend is there with its 4; with an allow-list, the
-// listed services' backends only.
-func TestScrapeScales(t *testing.T) {
-	const services, per = 1000, 10
-	n := newScaleNode(t, services, per)
-	backendLines := func(lines []string) map[string]int {
-		got := map[string]int{}
-		for _, l := range lines {
-			if i := strings.Index(l, `backend="`); i >= 0 {
-				got[l[i:strings.IndexByte(l, '}')]]++
-			}
+// defaultMetrics is the metrics section of lbd's default configuration, changed by edit.
+func defaultMetrics(edit func(*config.Metrics)) config.Metrics {
+	m := config.Default().Metrics
+	edit(&m)
+	return m
+}
+
+// backendSeries returns the number of series of each backend="...",service="..." pair.
+func backendSeries(lines []string) map[string]int {
+	got := map[string]int{}
+	for _, l := range lines {
+		if i := strings.Index(l, `backend="`); i >= 0 {
+			got[l[i:strings.IndexByte(l, '}')]]++
 		}
-		return got
 	}
-	withService := func(lines []string) int {
+	return got
+}
+
+// serviceSeries returns the number of series of each service with a service label.
+func serviceSeries(lines []string) map[string]int {
+	got := map[string]int{}
+	for _, l := range lines {
+		if i := strings.Index(l, `service="`); i >= 0 {
+			got[l[i+9:i+9+strings.IndexByte(l[i+9:], '"')]]++
+		}
+	}
+	return got
+}
+
+// sample returns the value of the sample line that starts with name (labels included).
+func sample(tb testing.TB, lines []string, name string) string {
+	tb.Helper()
+	for _, l := range lines {
+		if v, ok := strings.CutPrefix(l, name+" "); ok {
+			return v
+		}
+	}
+	tb.Fatalf("no sample %s", name)
+	return ""
+}
+
+// TestScrapeScales scrapes an LB node of 1,000 services × 10 backends, programmed into
+// real maps (BenchmarkScrape10k measures 10,000 with the default limit of 2,000), with
+// the service limit scaled down to 200 where a case needs the node above it:
+//
+//   - default (below the limit): 9 series per service, none with a backend label, under
+//     2 MiB and 20,000 series;
+//   - above the limit: no per-service series, the node-level ones count every service
+//     and backend, lbd_metrics_services_omitted the services left out;
+//   - above the limit with service_series_services: the selected services' series, at
+//     most the limit of them, the first by name;
+//   - backend_series: every backend's 4 series, above the limit as well;
+//   - backend_series_services: the listed services' backends only.
+func TestScrapeScales(t *testing.T) {
+	const services, per, limit = 1000, 10, 200
+	n := newScaleNode(t, services, per)
+	scrapeWith := func(edit func(*config.Metrics)) []string {
+		return get(t, n.metrics(t, defaultMetrics(edit)), false).series()
+	}
+	checkServices := func(what string, lines []string, want func(i int) bool) {
+		t.Helper()
+		got := serviceSeries(lines)
 		k := 0
-		for _, l := range lines {
-			if strings.Contains(l, `service="`) {
+		for i := range services {
+			name := scaleName(i)
+			if want(i) {
 				k++
+				if got[name] != perService {
+					t.Errorf("%s: %s has %d series, want %d", what, name, got[name], perService)
+				}
+			} else if got[name] != 0 {
+				t.Errorf("%s: %s has %d series, want none", what, name, got[name])
 			}
 		}
-		return k
+		if want := fmt.Sprint(services - k); sample(t, lines, "lbd_metrics_services_omitted") != want {
+			t.Errorf("%s: lbd_metrics_services_omitted %s, want %s", what, sample(t, lines, "lbd_metrics_services_omitted"), want)
+		}
 	}
 
-	def := get(t, n.metrics(t, config.Metrics{}), false)
+	def := get(t, n.metrics(t, config.Default().Metrics), false)
 	lines := def.series()
-	t.Logf("default: %d series (%d with a service label), %d bytes", len(lines), withService(lines), len(def.body))
-	if b := backendLines(lines); len(b) > 0 {
+	t.Logf("default: %d series (%d services with series), %d bytes", len(lines), len(serviceSeries(lines)), len(def.body))
+	if b := backendSeries(lines); len(b) > 0 {
 		t.Errorf("default scrape has %d series with a backend label", len(b))
 	}
-	if k := withService(lines); k != perService*services {
-		t.Errorf("default scrape: %d series with a service label, want %d per service (%d)", k, perService, perService*services)
-	}
+	checkServices("default", lines, func(int) bool { return true })
 	if len(lines) >= 20000 || len(def.body) >= 2<<20 {
 		t.Errorf("default scrape: %d series and %d bytes, want < 20,000 and < 2 MiB", len(lines), len(def.body))
 	}
 
-	all := get(t, n.metrics(t, config.Metrics{BackendSeries: true}), false).series()
-	got := backendLines(all)
-	for _, s := range n.svcs {
-		for _, b := range s.Backends {
-			key := fmt.Sprintf(`backend="%s:%d",service="%s"`, b.Address, b.Port, s.Name)
-			if got[key] != perBackend {
-				t.Fatalf("backend_series: %s has %d series, want %d", key, got[key], perBackend)
-			}
+	above := scrapeWith(func(m *config.Metrics) { m.ServiceSeriesLimit = limit })
+	t.Logf("above the limit: %d series", len(above))
+	checkServices("above the limit", above, func(int) bool { return false })
+	if b := backendSeries(above); len(b) > 0 {
+		t.Errorf("above the limit: %d series with a backend label", len(b))
+	}
+	// No health checks: every backend's health is unknown, and every one usable.
+	for name, want := range map[string]string{
+		`lbd_services{state="ready"}`:                   fmt.Sprint(services),
+		`lbd_services{state="pending"}`:                 "0",
+		`lbd_services_backends{health="unknown"}`:       fmt.Sprint(services * per),
+		`lbd_services_backends{health="down"}`:          "0",
+		`lbd_services_usable_backends`:                  fmt.Sprint(services * per),
+		`lbd_services_advertisement{state="withdrawn"}`: fmt.Sprint(services),
+	} {
+		if got := sample(t, above, name); got != want {
+			t.Errorf("above the limit: %s %s, want %s", name, got, want)
 		}
 	}
-	if k := withService(all); k != perService*services+perBackend*services*per {
-		t.Errorf("backend_series: %d series with a service label, want %d", k, perService*services+perBackend*services*per)
+	if len(above) > 200 {
+		t.Errorf("above the limit: %d series, want the node-level ones only (< 200)", len(above))
 	}
 
-	listed := get(t, n.metrics(t, config.Metrics{BackendSeriesServices: []string{"svc-00007", "svc-001*"}}), false).series()
+	selected := scrapeWith(func(m *config.Metrics) {
+		m.ServiceSeriesLimit, m.ServiceSeriesServices = limit, []string{"svc-00007", "svc-001*"}
+	})
+	checkServices("service_series_services", selected, func(i int) bool { return i == 7 || i >= 100 && i < 200 })
+	capped := scrapeWith(func(m *config.Metrics) { m.ServiceSeriesLimit, m.ServiceSeriesServices = limit, []string{"svc-0*"} })
+	checkServices("service_series_services beyond the limit", capped, func(i int) bool { return i < limit })
+	checkServices("no limit", scrapeWith(func(m *config.Metrics) { m.ServiceSeriesLimit = 0 }), func(int) bool { return true })
+
+	for _, l := range []int{0, limit} {
+		all := scrapeWith(func(m *config.Metrics) { m.BackendSeries, m.ServiceSeriesLimit = true, l })
+		got := backendSeries(all)
+		for _, s := range n.svcs {
+			for _, b := range s.Backends {
+				key := fmt.Sprintf(`backend="%s:%d",service="%s"`, b.Address, b.Port, s.Name)
+				if got[key] != perBackend {
+					t.Fatalf("backend_series, limit %d: %s has %d series, want %d", l, key, got[key], perBackend)
+				}
+			}
+		}
+		if len(got) != services*per {
+			t.Errorf("backend_series, limit %d: %d backends with series, want %d", l, len(got), services*per)
+		}
+	}
+
+	listed := scrapeWith(func(m *config.Metrics) { m.BackendSeriesServices = []string{"svc-00007", "svc-001*"} })
 	want := map[string]bool{"svc-00007": true}
 	for i := 100; i < 200; i++ {
 		want[scaleName(i)] = true
 	}
-	got = backendLines(listed)
 	seen := map[string]int{}
-	for key := range got {
+	for key := range backendSeries(listed) {
 		seen[key[strings.Index(key, `service="`)+9:len(key)-1]]++
 	}
 	if len(seen) != len(want) {
@@ -287,17 +369,22 @@ func TestScrapeScales(t *testing.T) {
 }
 
 // BenchmarkScrape10k measures one scrape of an LB node with 10,000 services × 10
-// backends in real maps, as Prometheus asks for it (gzip), three ways in the same run:
+// backends in real maps, as Prometheus asks for it (gzip), four ways in the same run:
 //
 //   - before: the scrape lbd did until per-backend series became optional, rebuilt
 //     here: every service's and backend's counters read with one lookup each, and
 //     every backend exported (as backend_series: true does now);
-//   - default: lbd's default series, counters read in batches;
-//   - backend_series: per-backend series for every service, counters read in batches.
+//   - default: lbd's default configuration: above its service_series_limit (2,000), the
+//     node-level series only;
+//   - limit_0: service_series_limit 0, every service's 9 series (the default until the
+//     limit came);
+//   - backend_series: per-backend series for every service, and every service's own
+//     (service_series_limit 0).
 //
 // Reported per scrape: cpu-ms (the process's user and system time, garbage collection
 // included), MiB (uncompressed) and gzip-MiB, series; x-before is before's CPU over
-// this case's.
+// this case's. The default's size is checked against the bounds docs/operations.md
+// gives (< 20,000 series, < 2 MiB).
 func BenchmarkScrape10k(b *testing.B) {
 	n := newScaleNode(b, 10000, 10)
 	var beforeCPU float64
@@ -306,12 +393,16 @@ func BenchmarkScrape10k(b *testing.B) {
 		handler http.Handler
 	}{
 		{"before", n.beforeHandler(b)},
-		{"default", n.metrics(b, config.Metrics{})},
-		{"backend_series", n.metrics(b, config.Metrics{BackendSeries: true})},
+		{"default", n.metrics(b, config.Default().Metrics)},
+		{"limit_0", n.metrics(b, defaultMetrics(func(m *config.Metrics) { m.ServiceSeriesLimit = 0 }))},
+		{"backend_series", n.metrics(b, defaultMetrics(func(m *config.Metrics) { m.ServiceSeriesLimit, m.BackendSeries = 0, true }))},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			plain := get(b, c.handler, false)
 			series := len(plain.series())
+			if c.name == "default" && (series >= 20000 || len(plain.body) >= 2<<20) {
+				b.Fatalf("default scrape: %d series and %d bytes, want < 20,000 and < 2 MiB", series, len(plain.body))
+			}
 			var gz int
 			cpu0 := cpuTime(b)
 			for b.Loop() {

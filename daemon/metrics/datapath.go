@@ -27,6 +27,9 @@ func (b BackendSeries) none() bool { return !b.All && b.Services.Empty() }
 
 // Datapath families, written at scrape time from one read of the counters.
 const (
+	lbPackets  = "lbd_services_packets_total"
+	lbBytes    = "lbd_services_bytes_total"
+	lbFlows    = "lbd_services_new_flows_total"
 	svcPackets = "lbd_service_packets_total"
 	svcBytes   = "lbd_service_bytes_total"
 	svcFlows   = "lbd_service_new_flows_total"
@@ -37,33 +40,52 @@ const (
 	sockEvents = "lbd_socket_lb_calls_total"
 	ctEvents   = "lbd_conntrack_events_total"
 	onlyWith   = " (only with metrics.backend_series or metrics.backend_series_services)"
+	perService = " (for every service up to metrics.service_series_limit services; above it, for those metrics.service_series_services selects)"
 )
 
-// writeDatapath reads the datapath's counters and writes their families.
-func writeDatapath(t *textWriter, stats StatsFunc, backends BackendSeries) error {
-	var of func(string) bool
-	if !backends.none() {
-		of = backends.For
-	}
-	st, err := stats(of)
-	if err != nil {
-		return err
+// writeDatapath writes the families of one read of the counters: the node totals, the
+// counters of the services keep selects (pick), and the backends' that were read.
+// total is nil on a node without the LB role.
+func writeDatapath(t *textWriter, st *lbdv1.GetStatsResponse, keep map[string]bool, total *counts) {
+	if total != nil {
+		for _, f := range []struct {
+			name, help string
+			value      uint64
+		}{
+			{lbPackets, "Packets an LB node forwarded for its services, all together, while lbd ran (a new service's from the first scrape that saw it).", total.packets},
+			{lbBytes, "Bytes (client IP packets) an LB node forwarded for its services, all together, while lbd ran.", total.bytes},
+			{lbFlows, "New flows an LB node balanced for its services, all together, while lbd ran.", total.flows},
+		} {
+			t.family(f.name, "counter", f.help)
+			t.counter(f.name, f.value)
+		}
 	}
 	svc := []struct {
 		name, help string
 		value      func(*lbdv1.ServiceStats) uint64
 	}{
-		{svcPackets, "Packets forwarded for a service.", (*lbdv1.ServiceStats).GetPackets},
-		{svcBytes, "Bytes (client IP packets) forwarded for a service.", (*lbdv1.ServiceStats).GetBytes},
-		{svcFlows, "New flows balanced for a service.", (*lbdv1.ServiceStats).GetNewFlows},
+		{svcPackets, "Packets forwarded for a service" + perService + ".", (*lbdv1.ServiceStats).GetPackets},
+		{svcBytes, "Bytes (client IP packets) forwarded for a service" + perService + ".", (*lbdv1.ServiceStats).GetBytes},
+		{svcFlows, "New flows balanced for a service" + perService + ".", (*lbdv1.ServiceStats).GetNewFlows},
 	}
 	for _, f := range svc {
-		t.family(f.name, "counter", f.help)
+		started := false
 		for _, s := range st.Services {
+			if !exported(keep, s.ServiceName) {
+				continue
+			}
+			if !started {
+				t.family(f.name, "counter", f.help)
+				started = true
+			}
 			t.counter(f.name, f.value(s), "service", s.ServiceName)
 		}
 	}
-	if of != nil {
+	withBackends := false
+	for _, s := range st.Services {
+		withBackends = withBackends || len(s.Backends) > 0
+	}
+	if withBackends {
 		be := []struct {
 			name, help string
 			value      func(*lbdv1.BackendStats) uint64
@@ -110,7 +132,6 @@ func writeDatapath(t *textWriter, stats StatsFunc, backends BackendSeries) error
 			t.counter(f.name, e.Count, "event", e.Name)
 		}
 	}
-	return nil
 }
 
 // backendLabel is a backend's label value: address:port, [address]:port for IPv6.

@@ -1,8 +1,9 @@
 // Package metrics exports lbd's Prometheus metrics: datapath counters read from the BPF
 // maps at scrape time, the services' status, conntrack/NAT fill, garbage-collector
-// passes and reconcile latency. Nothing has a backend label unless BackendSeries asks
-// for it: a node exports a number of series that grows with its services, not with
-// their backends.
+// passes and reconcile latency. The node-level series count every service together;
+// per-service series are bounded by ServiceSeries, and nothing has a backend label
+// unless BackendSeries asks for it: by default a node exports a bounded number of
+// series, however many services and backends it holds.
 package metrics
 
 import (
@@ -35,22 +36,49 @@ type Metrics struct {
 	fill       *prometheus.GaugeVec
 	reconcile  prometheus.Histogram
 	ready      ReadyFunc
-	backends   BackendSeries
-	// streams write the families that grow with services and backends (textWriter).
-	streams    []func(*textWriter) error
 	readErrors *prometheus.CounterVec
+	// The families that grow with services and backends, written through textWriter.
+	stats    StatsFunc // nil on a node without a datapath
+	lb       bool
+	status   StatusFunc // nil until AddStatus
+	backends BackendSeries
+	services ServiceSeries
+	totals   lbTotals
+	omitted  omittedLog
+}
+
+// Options chooses what New's metrics hold besides the node-level series.
+type Options struct {
+	// LB says that the node has the LB role: stats has its services' counters, and
+	// their node totals are exported (0 with no service).
+	LB bool
+	// Capacities are the sizes of the conntrack ("conntrack") and NAT ("nat") tables.
+	Capacities map[string]uint32
+	// Backends says which services' backends get series of their own.
+	Backends BackendSeries
+	// Services bounds the services that get per-service series.
+	Services ServiceSeries
+	// Log gets a warning each time the number of services left without per-service
+	// series changes; nil: no log.
+	Log hclog.Logger
 }
 
 // Register adds other packages' collectors (the API's counters) to the registry.
 func (m *Metrics) Register(cs ...prometheus.Collector) { m.reg.MustRegister(cs...) }
 
-// New builds the registry. stats may be nil on a node without a datapath; capacities
-// are the sizes of the conntrack ("conntrack") and NAT ("nat") tables; backends says
-// which services' backends get series of their own (AddStatus follows it too).
-func New(stats StatsFunc, capacities map[string]uint32, backends BackendSeries) *Metrics {
+// New builds the registry. stats may be nil on a node without a datapath.
+func New(stats StatsFunc, opts Options) *Metrics {
+	log := opts.Log
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
 	m := &Metrics{
 		reg:      prometheus.NewRegistry(),
-		backends: backends,
+		stats:    stats,
+		lb:       opts.LB && stats != nil,
+		backends: opts.Backends,
+		services: opts.Services,
+		omitted:  omittedLog{log: log, last: -1},
 		gcPasses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "lbd_gc_passes_total", Help: "Garbage-collector passes over a table.",
 		}, []string{"table"}),
@@ -86,17 +114,8 @@ func New(stats StatsFunc, capacities map[string]uint32, backends BackendSeries) 
 	// Both sources start at 0, so that a rule can tell an increase from a missing series.
 	m.readErrors.WithLabelValues("datapath")
 	m.readErrors.WithLabelValues("registry")
-	for t, c := range capacities {
+	for t, c := range opts.Capacities {
 		m.capacity.WithLabelValues(t).Set(float64(c))
-	}
-	if stats != nil {
-		m.streams = append(m.streams, func(t *textWriter) error {
-			if err := writeDatapath(t, stats, backends); err != nil {
-				m.readErrors.WithLabelValues("datapath").Inc()
-				return err
-			}
-			return nil
-		})
 	}
 	return m
 }
@@ -144,11 +163,7 @@ func (m *Metrics) serveMetrics(w http.ResponseWriter, r *http.Request) {
 			return // the client went away
 		}
 	}
-	t := &textWriter{w: bw}
-	for _, s := range m.streams {
-		// A source that cannot be read leaves its families out and is counted.
-		_ = s(t)
-	}
+	m.writeServices(&textWriter{w: bw})
 }
 
 // acceptsGzip reports whether an Accept-Encoding header accepts gzip.

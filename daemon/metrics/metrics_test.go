@@ -77,7 +77,7 @@ func status(backendsOf func(string) bool) []store.StatusCounts {
 
 func TestScrapeReadsCountersAndStatusEachTime(t *testing.T) {
 	f := &fakeStats{}
-	m := New(f.read, map[string]uint32{"conntrack": 1000}, BackendSeries{})
+	m := New(f.read, Options{LB: true, Capacities: map[string]uint32{"conntrack": 1000}})
 	m.AddStatus(status)
 	drained := false
 	m.AddDrained(func() bool { return drained })
@@ -104,6 +104,18 @@ func TestScrapeReadsCountersAndStatusEachTime(t *testing.T) {
 		`lbd_service_backends{health="unknown",service="web"} 0`,
 		`lbd_service_backends{health="unknown",service="payments/api"} 2`,
 		`lbd_node_drained 0`,
+		`lbd_services{state="ready"} 1`,
+		`lbd_services{state="no_backends"} 1`,
+		`lbd_services{state="pending"} 0`,
+		`lbd_services{state="error"} 0`,
+		`lbd_services_advertisement{state="advertised"} 1`,
+		`lbd_services_advertisement{state="withdrawn"} 1`,
+		`lbd_services_backends{health="up"} 1`,
+		`lbd_services_backends{health="down"} 1`,
+		`lbd_services_backends{health="unknown"} 2`,
+		`lbd_services_usable_backends 1`,
+		`lbd_services_packets_total 0`,
+		`lbd_metrics_services_omitted 0`,
 		`lbd_build_info{goversion="` + runtime.Version() + `",roles="lb,backend",version="v1.2.3"} 1`,
 	} {
 		if !strings.Contains(first, want) {
@@ -113,7 +125,8 @@ func TestScrapeReadsCountersAndStatusEachTime(t *testing.T) {
 	if strings.Contains(first, "backend=") || len(f.asked) > 0 {
 		t.Errorf("default scrape has per-backend series or read backends %v:\n%s", f.asked, grep(first, "backend="))
 	}
-	for _, want := range []string{`lbd_service_packets_total{service="web"} 20`, `lbd_node_drained 1`} {
+	// Two services counted 10 more packets each since the first scrape saw them.
+	for _, want := range []string{`lbd_service_packets_total{service="web"} 20`, `lbd_node_drained 1`, `lbd_services_packets_total 20`} {
 		if !strings.Contains(second, want) {
 			t.Errorf("second scrape lacks %s: it did not read again", want)
 		}
@@ -137,7 +150,7 @@ func TestBackendSeries(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			f := &fakeStats{}
-			m := New(f.read, nil, c.backends)
+			m := New(f.read, Options{LB: true, Backends: c.backends})
 			m.AddStatus(status)
 			out := scrape(t, m)
 			for _, svc := range c.with {
@@ -189,7 +202,7 @@ func TestScrapeParses(t *testing.T) {
 			Backends: []*lbdv1.BackendStats{{Address: "2001:db8::1", Port: 80, Packets: 4}}}},
 			Reasons: []*lbdv1.Counter{{Name: "lb_drop_fib", Packets: 3}}}, nil
 	}
-	m := New(stats, nil, BackendSeries{All: true})
+	m := New(stats, Options{LB: true, Backends: BackendSeries{All: true}})
 	m.AddStatus(func(backendsOf func(string) bool) []store.StatusCounts {
 		c := store.StatusCounts{Name: odd, Unknown: 1}
 		if backendsOf(odd) {

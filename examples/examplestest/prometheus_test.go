@@ -132,7 +132,7 @@ func defaultSeries(t *testing.T) map[string]map[string][]string {
 			Backends: []*lbdv1.BackendStats{{Address: "198.18.1.10", Port: 80}}}}, Reasons: reasons, ConntrackEvents: ctEvents,
 			SocketEvents: []*lbdv1.EventCounter{{Name: "connect"}}}, nil
 	}
-	m := metrics.New(stats, map[string]uint32{"conntrack": 1 << 20, "nat": 1 << 18}, metrics.BackendSeries{})
+	m := metrics.New(stats, metrics.Options{LB: true, Capacities: map[string]uint32{"conntrack": 1 << 20, "nat": 1 << 18}})
 	m.AddStatus(func(func(string) bool) []store.StatusCounts { return []store.StatusCounts{{Name: "web", Up: 1}} })
 	m.SetReady(func() (bool, string) { return true, "ready" })
 	m.AddDrift(func() map[string]uint64 { return map[string]uint64{"maglev_table": 1} })
