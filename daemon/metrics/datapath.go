@@ -44,9 +44,9 @@ const (
 )
 
 // writeDatapath writes the families of one read of the counters: the node totals, the
-// counters of the services keep selects (pick), and the backends' that were read.
-// total is nil on a node without the LB role.
-func writeDatapath(t *textWriter, st *lbdv1.GetStatsResponse, keep map[string]bool, total *counts) {
+// counters of the services keep selects (pick), and the backends' if withBackends
+// (they were asked for). total is nil on a node without the LB role.
+func writeDatapath(t *textWriter, st *lbdv1.GetStatsResponse, keep map[string]bool, total *counts, withBackends bool) {
 	if total != nil {
 		for _, f := range []struct {
 			name, help string
@@ -80,10 +80,6 @@ func writeDatapath(t *textWriter, st *lbdv1.GetStatsResponse, keep map[string]bo
 			}
 			t.counter(f.name, f.value(s), "service", s.ServiceName)
 		}
-	}
-	withBackends := false
-	for _, s := range st.Services {
-		withBackends = withBackends || len(s.Backends) > 0
 	}
 	if withBackends {
 		be := []struct {

@@ -90,7 +90,7 @@ func (m *Metrics) writeServices(t *textWriter) {
 			c := m.totals.add(st.Services)
 			total = &c
 		}
-		writeDatapath(t, st, keep, total)
+		writeDatapath(t, st, keep, total, backendsOf != nil)
 	}
 	if m.status != nil {
 		writeStatus(t, svcs, keep)
