@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http/httptest"
@@ -77,29 +78,40 @@ func TestPrometheusConfig(t *testing.T) {
 // TestPrometheusRules checks the alert rules with promtool, runs their unit tests, and
 // checks that they use only series and label values lbd exports by default.
 func TestPrometheusRules(t *testing.T) {
-	promtool(t, "check", "rules", "lbd-alerts.yml")
-	promtool(t, "test", "rules", "lbd-alerts.test.yml")
-	var rules struct {
-		Groups []struct {
-			Rules []struct {
-				Alert string `json:"alert"`
-				Expr  string `json:"expr"`
-			} `json:"rules"`
-		} `json:"groups"`
-	}
-	if err := yaml.Unmarshal([]byte(readFile(t, "examples", "prometheus", "lbd-alerts.yml")), &rules); err != nil {
-		t.Fatal(err)
-	}
-	def := defaultSeries(t)
-	n := 0
-	for _, g := range rules.Groups {
-		for _, r := range g.Rules {
-			n++
-			checkQuery(t, "alert "+r.Alert, r.Expr, def)
+	// lbd-alerts.yml works on every node: it uses only what a node above the service
+	// limit exports. lbd-service-alerts.yml names services where they have series.
+	for _, f := range []struct {
+		rules, tests string
+		services     int
+		min          int
+	}{
+		{"lbd-alerts.yml", "lbd-alerts.test.yml", largeNode, 12},
+		{"lbd-service-alerts.yml", "lbd-service-alerts.test.yml", smallNode, 4},
+	} {
+		promtool(t, "check", "rules", f.rules)
+		promtool(t, "test", "rules", f.tests)
+		var rules struct {
+			Groups []struct {
+				Rules []struct {
+					Alert string `json:"alert"`
+					Expr  string `json:"expr"`
+				} `json:"rules"`
+			} `json:"groups"`
 		}
-	}
-	if n < 10 {
-		t.Errorf("%d alert rules", n)
+		if err := yaml.Unmarshal([]byte(readFile(t, "examples", "prometheus", f.rules)), &rules); err != nil {
+			t.Fatal(err)
+		}
+		def := defaultSeries(t, f.services)
+		n := 0
+		for _, g := range rules.Groups {
+			for _, r := range g.Rules {
+				n++
+				checkQuery(t, f.rules+": alert "+r.Alert, r.Expr, def)
+			}
+		}
+		if n < f.min {
+			t.Errorf("%s: %d alert rules", f.rules, n)
+		}
 	}
 }
 
@@ -113,11 +125,18 @@ func promtool(t *testing.T, args ...string) {
 	}
 }
 
+// A node of one service exports every per-service series by default; a node of more
+// than metrics.service_series_limit services only the node-level ones.
+var (
+	smallNode = 1
+	largeNode = config.Default().Metrics.ServiceSeriesLimit + 1
+)
+
 // defaultSeries scrapes lbd's metrics as a node with every source builds them (LB and
-// backend datapath counters, services, BGP, tables) with the default configuration,
-// and returns the label values of each family: a query that needs anything else needs
-// a series lbd does not export by default.
-func defaultSeries(t *testing.T) map[string]map[string][]string {
+// backend datapath counters, services, BGP, tables) with the default configuration and
+// the given number of services, and returns the label values of each family: a query
+// that needs anything else needs a series lbd does not export by default.
+func defaultSeries(t *testing.T, services int) map[string]map[string][]string {
 	t.Helper()
 	var reasons []*lbdv1.Counter
 	for _, r := range datapathReasons(t) {
@@ -127,13 +146,27 @@ func defaultSeries(t *testing.T) map[string]map[string][]string {
 	for _, e := range []string{"inserted", "tentative", "confirmed", "guard_skipped", "guard_engaged", "insert_failed", "reclaimed"} {
 		ctEvents = append(ctEvents, &lbdv1.EventCounter{Name: e})
 	}
-	stats := func(func(string) bool) (*lbdv1.GetStatsResponse, error) {
-		return &lbdv1.GetStatsResponse{Services: []*lbdv1.ServiceStats{{ServiceName: "web",
-			Backends: []*lbdv1.BackendStats{{Address: "198.18.1.10", Port: 80}}}}, Reasons: reasons, ConntrackEvents: ctEvents,
-			SocketEvents: []*lbdv1.EventCounter{{Name: "connect"}}}, nil
+	names := []string{"web"}
+	for i := 1; i < services; i++ {
+		names = append(names, fmt.Sprintf("svc-%d", i))
 	}
-	m := metrics.New(stats, metrics.Options{LB: true, Capacities: map[string]uint32{"conntrack": 1 << 20, "nat": 1 << 18}})
-	m.AddStatus(func(func(string) bool) []store.StatusCounts { return []store.StatusCounts{{Name: "web", Up: 1}} })
+	stats := func(func(string) bool) (*lbdv1.GetStatsResponse, error) {
+		resp := &lbdv1.GetStatsResponse{Reasons: reasons, ConntrackEvents: ctEvents, SocketEvents: []*lbdv1.EventCounter{{Name: "connect"}}}
+		for _, n := range names {
+			resp.Services = append(resp.Services, &lbdv1.ServiceStats{ServiceName: n, Backends: []*lbdv1.BackendStats{{Address: "198.18.1.10", Port: 80}}})
+		}
+		return resp, nil
+	}
+	def := config.Default().Metrics
+	m := metrics.New(stats, metrics.Options{LB: true, Capacities: map[string]uint32{"conntrack": 1 << 20, "nat": 1 << 18},
+		Services: metrics.ServiceSeries{Limit: def.ServiceSeriesLimit}})
+	m.AddStatus(func(func(string) bool) []store.StatusCounts {
+		var out []store.StatusCounts
+		for _, n := range names {
+			out = append(out, store.StatusCounts{Name: n, Up: 1})
+		}
+		return out
+	})
 	m.SetReady(func() (bool, string) { return true, "ready" })
 	m.AddDrift(func() map[string]uint64 { return map[string]uint64{"maglev_table": 1} })
 	m.AddDrained(func() bool { return false })
@@ -170,7 +203,7 @@ func defaultSeries(t *testing.T) map[string]map[string][]string {
 		out[name] = labels
 	}
 	// A sanity floor, and the families that must stay out of the default.
-	for _, n := range []string{"lbd_service_packets_total", "lbd_service_backends", "lbd_build_info", "lbd_bgp_session_established"} {
+	for _, n := range []string{"lbd_services", "lbd_services_backends", "lbd_services_new_flows_total", "lbd_build_info", "lbd_bgp_session_established"} {
 		if out[n] == nil {
 			t.Fatalf("the default scrape lacks %s", n)
 		}
@@ -179,6 +212,9 @@ func defaultSeries(t *testing.T) map[string]map[string][]string {
 		if strings.HasPrefix(n, "lbd_backend_") {
 			t.Fatalf("the default scrape has %s", n)
 		}
+	}
+	if (out["lbd_service_packets_total"] != nil) != (services <= def.ServiceSeriesLimit) {
+		t.Fatalf("the default scrape of %d services: per-service series %v, limit %d", services, out["lbd_service_packets_total"] != nil, def.ServiceSeriesLimit)
 	}
 	return out
 }
@@ -305,6 +341,7 @@ func TestGrafanaDashboard(t *testing.T) {
 			} `json:"list"`
 		} `json:"templating"`
 		Panels []struct {
+			Type    string `json:"type"`
 			Title   string `json:"title"`
 			Targets []struct {
 				Expr string `json:"expr"`
@@ -323,10 +360,20 @@ func TestGrafanaDashboard(t *testing.T) {
 			t.Errorf("the dashboard has no %s variable with a query", name)
 		}
 	}
-	def := defaultSeries(t)
+	// The panels of a row "(where lbd exports per-service series)" may use them; every
+	// other panel works on a node above the service limit.
+	large, small := defaultSeries(t, largeNode), defaultSeries(t, smallNode)
+	def, perServiceRows := large, 0
 	queries := 0
 	selRE := regexp.MustCompile(`\blbd_[a-z0-9_]+(\{[^}]*\})?`)
 	for _, p := range d.Panels {
+		if p.Type == "row" {
+			def = large
+			if strings.Contains(p.Title, "(where lbd exports per-service series") {
+				def = small
+				perServiceRows++
+			}
+		}
 		for _, tg := range p.Targets {
 			queries++
 			checkQuery(t, "panel "+p.Title, tg.Expr, def)
@@ -339,5 +386,8 @@ func TestGrafanaDashboard(t *testing.T) {
 	}
 	if queries < 15 {
 		t.Errorf("the dashboard has %d queries", queries)
+	}
+	if perServiceRows > 2 {
+		t.Errorf("%d rows of per-service panels: most of the dashboard must work on every node", perServiceRows)
 	}
 }
