@@ -72,8 +72,9 @@ type Metrics struct {
 	ServiceSeriesServices []string `json:"service_series_services"`
 }
 
-// DefaultServiceSeriesLimit keeps a default scrape under 20,000 series and 2 MiB
-// (docs/operations.md): 18,000 per-service series at most.
+// DefaultServiceSeriesLimit keeps a default scrape under 20,000 series (18,000
+// per-service ones at most), and under 2 MiB with service names of up to 60
+// characters (docs/operations.md).
 const DefaultServiceSeriesLimit = 2000
 
 // Datapath configures the BPF programs of the roles.

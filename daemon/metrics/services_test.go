@@ -192,3 +192,47 @@ func TestLBTotals(t *testing.T) {
 		}
 	}
 }
+
+// TestDefaultLimitBound: at the default limit (2,000 services, config's
+// DefaultServiceSeriesLimit) with service names of 60 characters and the counters of a
+// busy node, the scrape stays under the bounds docs/operations.md gives: 20,000 series
+// and 2 MiB; one service more and only the node-level series are left.
+func TestDefaultLimitBound(t *testing.T) {
+	const limit, nameLen = 2000, 60
+	for _, services := range []int{limit, limit + 1} {
+		var names []string
+		for i := range services {
+			n := fmt.Sprintf("namespace-%05d/service-name", i)
+			names = append(names, n+strings.Repeat("x", nameLen-len(n)))
+		}
+		stats := func(func(string) bool) (*lbdv1.GetStatsResponse, error) {
+			resp := &lbdv1.GetStatsResponse{}
+			for _, n := range names {
+				resp.Services = append(resp.Services, &lbdv1.ServiceStats{ServiceName: n, Packets: 123456789012, Bytes: 123456789012345, NewFlows: 1234567890})
+			}
+			return resp, nil
+		}
+		m := New(stats, Options{LB: true, Services: ServiceSeries{Limit: limit}})
+		m.AddStatus(func(func(string) bool) []store.StatusCounts {
+			var out []store.StatusCounts
+			for _, n := range names {
+				out = append(out, store.StatusCounts{Name: n, State: lbdv1.ServiceState_SERVICE_STATE_READY, Usable: 10, Up: 10, Advertised: true})
+			}
+			return out
+		})
+		out := scrape(t, m)
+		series := 0
+		for _, l := range strings.Split(out, "\n") {
+			if l != "" && !strings.HasPrefix(l, "#") {
+				series++
+			}
+		}
+		t.Logf("%d services: %d series, %d bytes", services, series, len(out))
+		if series >= 20000 || len(out) >= 2<<20 {
+			t.Errorf("%d services: %d series, %d bytes; want < 20,000 and < 2 MiB", services, series, len(out))
+		}
+		if services > limit && series > 150 {
+			t.Errorf("%d services, above the limit: %d series, want the node-level ones only", services, series)
+		}
+	}
+}
