@@ -27,9 +27,9 @@ func (b BackendSeries) none() bool { return !b.All && b.Services.Empty() }
 
 // Datapath families, written at scrape time from one read of the counters.
 const (
-	lbPackets  = "lbd_services_packets_total"
-	lbBytes    = "lbd_services_bytes_total"
-	lbFlows    = "lbd_services_new_flows_total"
+	allPackets = "lbd_services_packets_total"
+	allBytes   = "lbd_services_bytes_total"
+	allFlows   = "lbd_services_new_flows_total"
 	svcPackets = "lbd_service_packets_total"
 	svcBytes   = "lbd_service_bytes_total"
 	svcFlows   = "lbd_service_new_flows_total"
@@ -52,9 +52,9 @@ func writeDatapath(t *textWriter, st *lbdv1.GetStatsResponse, keep map[string]bo
 			name, help string
 			value      uint64
 		}{
-			{lbPackets, "Packets an LB node forwarded for its services, all together, while lbd ran (a new service's from the first scrape that saw it).", total.packets},
-			{lbBytes, "Bytes (client IP packets) an LB node forwarded for its services, all together, while lbd ran.", total.bytes},
-			{lbFlows, "New flows an LB node balanced for its services, all together, while lbd ran.", total.flows},
+			{allPackets, "Packets an LB node forwarded for its services, all together, while lbd ran (a new service's from the first scrape that saw it).", total.packets},
+			{allBytes, "Bytes (client IP packets) an LB node forwarded for its services, all together, while lbd ran.", total.bytes},
+			{allFlows, "New flows an LB node balanced for its services, all together, while lbd ran.", total.flows},
 		} {
 			t.family(f.name, "counter", f.help)
 			t.counter(f.name, f.value)
