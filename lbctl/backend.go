@@ -2,6 +2,7 @@ package lbctl
 
 import (
 	"context"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"slices"
@@ -33,6 +34,7 @@ func (a *app) backendCommand() *cobra.Command {
 		a.backendStateCommand("enable", "Send flows to a disabled backend again",
 			active, draining),
 		a.backendSetWeightCommand(),
+		a.backendSetQUICServerIDCommand(),
 	)
 }
 
@@ -58,7 +60,7 @@ func (a *app) backendListCommand() *cobra.Command {
 }
 
 func (a *app) backendAddCommand() *cobra.Command {
-	var node, state string
+	var node, state, quicID string
 	var weight uint32
 	cmd := &cobra.Command{
 		Use:               "add SERVICE ADDR:PORT [flags]",
@@ -70,6 +72,7 @@ func (a *app) backendAddCommand() *cobra.Command {
 	cmd.Flags().StringVar(&node, "node", "", "address of the node hosting the backend (outer header); default the backend address")
 	cmd.Flags().Uint32Var(&weight, "weight", 0, "relative weight, 1-256 (default 1)")
 	addEnumChoice(cmd, &state, "state", "initial state (default active)", lbdv1.BackendState(0))
+	cmd.Flags().StringVar(&quicID, "quic-server-id", "", "the server ID (hex) its QUIC server encodes in its connection IDs (services with QUIC routing)")
 	cmd.RunE = a.run(func(ctx context.Context, cmd *cobra.Command, args []string) error {
 		ap, err := parseAddrPort(args[1])
 		if err != nil {
@@ -78,7 +81,11 @@ func (a *app) backendAddCommand() *cobra.Command {
 		if cmd.Flags().Changed("weight") && weight == 0 {
 			return usageErrorf("--weight 0 is not a weight (1-256); add the backend with --state draining to send it no new flows")
 		}
-		b := &lbdv1.Backend{Address: ap.Addr().String(), Port: uint32(ap.Port()), NodeAddress: node, Weight: weight}
+		sid, err := hex.DecodeString(quicID)
+		if err != nil {
+			return usageErrorf("--quic-server-id %q is not hex", quicID)
+		}
+		b := &lbdv1.Backend{Address: ap.Addr().String(), Port: uint32(ap.Port()), NodeAddress: node, Weight: weight, QuicServerId: sid}
 		if cmd.Flags().Changed("state") {
 			b.State = lbdv1.BackendState(enumNumber(b.State.Descriptor(), state))
 		}
@@ -203,6 +210,39 @@ InvalidArgument): to send a backend no new flows, drain it.`,
 	}
 }
 
+func (a *app) backendSetQUICServerIDCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "set-quic-server-id SERVICE ADDR:PORT HEX",
+		Short: "Change the QUIC server ID a backend encodes in its connection IDs",
+		Long: `Change the QUIC server ID (hex, the service's quic server ID length in bytes) that the
+backend's QUIC server encodes in the connection IDs it chooses; "" removes it, and the
+backend's QUIC packets are then balanced by their 5-tuple. Packets that carry the former
+ID fall back to the 5-tuple: change a server's ID together with its configuration.`,
+		Example:           "  lbctl backend set-quic-server-id h3 198.18.1.12:443 0c03",
+		Args:              exactArgs("SERVICE", "ADDR:PORT", "HEX"),
+		ValidArgsFunction: a.completeArgs(a.completeServices, a.completeBackends),
+		RunE: a.run(func(ctx context.Context, _ *cobra.Command, args []string) error {
+			sid, err := hex.DecodeString(args[2])
+			if err != nil {
+				return usageErrorf("server ID %q is not hex", args[2])
+			}
+			req := &lbdv1.UpdateBackendRequest{
+				Backend:    &lbdv1.Backend{QuicServerId: sid},
+				UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"quic_server_id"}},
+			}
+			return a.updateBackend(ctx, args[0], args[1], req, "QUIC server ID "+quicID(sid))
+		}),
+	}
+}
+
+// quicID is a QUIC server ID in hex, "none" if empty.
+func quicID(sid []byte) string {
+	if len(sid) == 0 {
+		return "none"
+	}
+	return hex.EncodeToString(sid)
+}
+
 // updateBackend sends req for the backend at addrPort of service. req names the fields
 // it changes (update mask), so the server keeps the others as they are, whatever another
 // client changed meanwhile: no read-modify-write.
@@ -225,14 +265,21 @@ func (a *app) updateBackend(ctx context.Context, service, addrPort string, req *
 }
 
 // writeBackendTable writes one row per backend. SHARE is the backend's part of the Maglev
-// table, the part of new flows it gets.
+// table, the part of new flows it gets; QUIC-ID, where a backend has one, the server ID
+// its QUIC server encodes in its connection IDs.
 func writeBackendTable(w io.Writer, bs []*lbdv1.Backend) {
 	var slots uint64
+	quic := false
 	for _, b := range bs {
 		slots += uint64(b.TableSlots)
+		quic = quic || len(b.QuicServerId) > 0
 	}
 	t := newTable(w)
-	row(t, "ADDRESS", "PORT", "NODE", "WEIGHT", "STATE", "HEALTH", "SLOTS", "SHARE")
+	head := []any{"ADDRESS", "PORT", "NODE", "WEIGHT", "STATE", "HEALTH", "SLOTS", "SHARE"}
+	if quic {
+		head = append(head, "QUIC-ID")
+	}
+	row(t, head...)
 	for _, b := range bs {
 		share := "-"
 		if slots > 0 {
@@ -243,8 +290,12 @@ func writeBackendTable(w io.Writer, bs []*lbdv1.Backend) {
 		if h.GetState() == lbdv1.HealthState_HEALTH_STATE_DOWN {
 			health = withReason(health, h.GetLastResult())
 		}
-		row(t, b.Address, formatPort(b.Port), dash(b.NodeAddress), b.Weight, label(b.State, "active"),
-			health, b.TableSlots, share)
+		cells := []any{b.Address, formatPort(b.Port), dash(b.NodeAddress), b.Weight, label(b.State, "active"),
+			health, b.TableSlots, share}
+		if quic {
+			cells = append(cells, dash(hex.EncodeToString(b.QuicServerId)))
+		}
+		row(t, cells...)
 	}
 	t.Flush()
 }

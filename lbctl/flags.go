@@ -1,6 +1,7 @@
 package lbctl
 
 import (
+	"encoding/hex"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -116,7 +117,8 @@ func parseAddrPort(s string) (netip.AddrPort, error) {
 	return ap, nil
 }
 
-// parseBackendSpec parses a --backend value: addr:port[,node=ADDR][,weight=N][,state=S].
+// parseBackendSpec parses a --backend value:
+// addr:port[,node=ADDR][,weight=N][,state=S][,quic-id=HEX].
 func parseBackendSpec(spec string) (*lbdv1.Backend, error) {
 	parts := strings.Split(spec, ",")
 	ap, err := parseAddrPort(parts[0])
@@ -147,8 +149,14 @@ func parseBackendSpec(spec string) (*lbdv1.Backend, error) {
 				return nil, usageErrorf("--backend %q: state must be one of %s", spec, strings.Join(enumLabels(stateDesc), ", "))
 			}
 			b.State = lbdv1.BackendState(enumNumber(stateDesc, v))
+		case "quic-id":
+			id, err := hex.DecodeString(v)
+			if err != nil {
+				return nil, usageErrorf("--backend %q: quic-id %q is not hex", spec, v)
+			}
+			b.QuicServerId = id
 		default:
-			return nil, usageErrorf("--backend %q: unknown key %q (node, weight, state)", spec, k)
+			return nil, usageErrorf("--backend %q: unknown key %q (node, weight, state, quic-id)", spec, k)
 		}
 	}
 	return b, nil

@@ -40,6 +40,8 @@ type serviceFlags struct {
 	advertisePolicy string
 	owner           string
 	resetFlows      bool
+	quicIDLen       uint32
+	quicConfigID    uint32
 
 	hcType     string
 	hcPort     uint16
@@ -72,6 +74,8 @@ func (f *serviceFlags) register(cmd *cobra.Command) {
 	addEnumChoice(cmd, &f.noBackendAction, "no-backend-action", "new flows when no backend is usable (default reject)", lbdv1.NoBackendAction(0))
 	addEnumChoice(cmd, &f.advertisePolicy, "advertise-policy", "when the VIP is advertised over BGP (default if-healthy)", lbdv1.AdvertisePolicy(0))
 	fs.BoolVar(&f.resetFlows, "reset-flows-on-backend-down", false, "cut established flows of a backend that health checks mark down")
+	fs.Uint32Var(&f.quicIDLen, "quic-server-id-length", 0, "UDP: route QUIC by server IDs of this many bytes (1-15) in the connection ID, given per backend with quic-id=HEX; 0 turns it off")
+	fs.Uint32Var(&f.quicConfigID, "quic-config-id", 0, "UDP with QUIC routing: the config rotation codepoint of the connection IDs (0-6)")
 
 	addEnumChoice(cmd, &f.hcType, "health-check", "active health check of the backends; none removes it", lbdv1.HealthCheckType(0))
 	fs.Uint16Var(&f.hcPort, "health-check-port", 0, "port to probe; 0 probes the backend's port")
@@ -129,6 +133,25 @@ func (f *serviceFlags) apply(fs *pflag.FlagSet, s *lbdv1.Service) error {
 	}
 	if set("reset-flows-on-backend-down") {
 		s.ResetFlowsOnBackendDown = f.resetFlows
+	}
+	if set("quic-server-id-length") || set("quic-config-id") {
+		q := s.Quic
+		if q == nil {
+			q = &lbdv1.QuicRouting{}
+		}
+		if set("quic-server-id-length") {
+			q.ServerIdLength = f.quicIDLen
+		}
+		if set("quic-config-id") {
+			q.ConfigId = f.quicConfigID
+		}
+		s.Quic = q
+		if q.ServerIdLength == 0 {
+			if set("quic-config-id") {
+				return usageErrorf("--quic-config-id needs QUIC routing: give --quic-server-id-length")
+			}
+			s.Quic = nil
+		}
 	}
 	return f.applyHealthCheck(fs, s)
 }
@@ -472,6 +495,7 @@ func writeServiceDetail(w io.Writer, s *lbdv1.Service) {
 	row(t, "No backend action:", label(s.NoBackendAction, "reject"))
 	row(t, "Advertise policy:", label(s.AdvertisePolicy, "if-healthy"))
 	row(t, "Reset flows on backend down:", yesNo(s.ResetFlowsOnBackendDown))
+	row(t, "QUIC routing:", formatQUIC(s.Quic))
 	t.Flush()
 	if len(s.Backends) == 0 {
 		fmt.Fprintln(w, "\nNo backends.")
@@ -486,6 +510,13 @@ func dashZero(n uint32) string {
 		return "-"
 	}
 	return strconv.FormatUint(uint64(n), 10)
+}
+
+func formatQUIC(q *lbdv1.QuicRouting) string {
+	if q == nil {
+		return "none"
+	}
+	return fmt.Sprintf("by server ID: %d bytes, config rotation %d", q.ServerIdLength, q.ConfigId)
 }
 
 func formatAffinity(a *lbdv1.SessionAffinity) string {

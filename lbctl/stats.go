@@ -225,7 +225,7 @@ func sortStats(s *lbdv1.GetStatsResponse, order lbdv1.StatsOrder) {
 // second over r's interval, and each backend has its SHARE of the service's new flows
 // and its SLOTS, its share of the service's Maglev table.
 func writeStats(w io.Writer, s *lbdv1.GetStatsResponse, r *rates) {
-	if len(s.Services) == 0 && len(s.Reasons) == 0 && len(s.SocketEvents) == 0 && len(s.ConntrackEvents) == 0 {
+	if len(s.Services) == 0 && len(s.Reasons) == 0 && len(s.SocketEvents) == 0 && len(s.ConntrackEvents) == 0 && len(s.QuicRoutes) == 0 {
 		fmt.Fprintln(w, "No counters: the datapath has no service and reports no reason.")
 		return
 	}
@@ -281,7 +281,7 @@ func writeStats(w io.Writer, s *lbdv1.GetStatsResponse, r *rates) {
 	for _, ev := range []struct {
 		title, unit string
 		events      []*lbdv1.EventCounter
-	}{{"SOCKET EVENT", "CALLS", s.SocketEvents}, {"CONNTRACK EVENT", "COUNT", s.ConntrackEvents}} {
+	}{{"SOCKET EVENT", "CALLS", s.SocketEvents}, {"CONNTRACK EVENT", "COUNT", s.ConntrackEvents}, {"QUIC ROUTE", "PACKETS", s.QuicRoutes}} {
 		if len(ev.events) == 0 {
 			continue
 		}

@@ -2,6 +2,7 @@ package lbctl
 
 import (
 	"context"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"slices"
@@ -15,14 +16,18 @@ import (
 
 func (a *app) traceCommand() *cobra.Command {
 	protocols := enumLabels(lbdv1.Protocol(0).Descriptor())
-	return &cobra.Command{
+	var quicDCID string
+	cmd := &cobra.Command{
 		Use:   "trace " + strings.Join(protocols, "|") + " SRC-ADDR SRC-PORT VIP PORT",
 		Short: "Show which backend the datapath would choose for a flow, and why",
 		Long: `Show which backend the datapath would choose for a flow, and why. lbd runs its
-loaded program on a first packet of the flow (a TCP SYN or a UDP datagram) without sending
-it anywhere, and a conntrack entry the trace creates is removed again.`,
-		Example: "  lbctl trace tcp 198.51.100.7 40000 203.0.113.10 443\n  lbctl trace udp 2001:db8:1::7 5353 2001:db8::10 53",
-		Args:    exactArgs("PROTOCOL", "SRC-ADDR", "SRC-PORT", "VIP", "PORT"),
+loaded program on a first packet of the flow (a TCP SYN, a UDP datagram, an SCTP INIT)
+without sending it anywhere, and a conntrack entry the trace creates is removed again.
+With --quic-dcid the UDP datagram is a QUIC 1-RTT packet to that connection ID, to see
+whether a QUIC-aware service routes it by its server ID.`,
+		Example: "  lbctl trace tcp 198.51.100.7 40000 203.0.113.10 443\n  lbctl trace udp 2001:db8:1::7 5353 2001:db8::10 53\n" +
+			"  lbctl trace udp 198.51.100.7 50000 203.0.113.10 443 --quic-dcid 200b02deadbeef42",
+		Args: exactArgs("PROTOCOL", "SRC-ADDR", "SRC-PORT", "VIP", "PORT"),
 		ValidArgsFunction: a.completeArgs(
 			func(context.Context, []string) []string { return protocols },
 			noCompletion, noCompletion, a.completeVIPs),
@@ -30,6 +35,13 @@ it anywhere, and a conntrack entry the trace creates is removed again.`,
 			req, err := parseTraceArgs(args)
 			if err != nil {
 				return err
+			}
+			if quicDCID != "" {
+				cid, err := hex.DecodeString(quicDCID)
+				if err != nil || len(cid) > 20 || req.Protocol != lbdv1.Protocol_PROTOCOL_UDP {
+					return usageErrorf("--quic-dcid %q: a connection ID of 1-20 bytes in hex, for udp only", quicDCID)
+				}
+				req.QuicDestinationConnectionId = cid
 			}
 			lb, err := a.lb()
 			if err != nil {
@@ -42,6 +54,8 @@ it anywhere, and a conntrack entry the trace creates is removed again.`,
 			return a.print(resp, func(w io.Writer) { writeTrace(w, req, resp) })
 		}),
 	}
+	cmd.Flags().StringVar(&quicDCID, "quic-dcid", "", "trace a QUIC 1-RTT packet to this destination connection ID (hex)")
+	return cmd
 }
 
 // noCompletion proposes nothing, for arguments such as ports.

@@ -23,10 +23,11 @@
  * its counters and clock, and the flow of a packet (lb_xdp, lb_handle_vip). Each
  * concern lives in a header of its own, included after the maps it works on:
  * hash.h (flow hashing), vip.h (VIP filter, source ranges), conntrack.h (states,
- * timeouts, lookups), route.h (FIB and its cache), encap.h (DNAT and Geneve),
- * reply.h (ICMP errors and TCP resets the node answers), icmp_error.h (ICMP errors
- * forwarded to backends), trace.h (side-effect-free runs) and monitor.h (events for
- * `lbctl monitor`, with the maps of their own). */
+ * timeouts, lookups), quic.h (QUIC routing by connection ID, with its maps),
+ * route.h (FIB and its cache), encap.h (DNAT and Geneve), reply.h (ICMP errors and
+ * TCP resets the node answers), icmp_error.h (ICMP errors forwarded to backends),
+ * trace.h (side-effect-free runs) and monitor.h (events for `lbctl monitor`, with
+ * the maps of their own). */
 #include "lbd_net.h"
 #include "lbd_csum.h"
 #include "lbd_parse.h"
@@ -143,6 +144,7 @@ struct lb_pkt {
 	__u32 ip_len;          /* bytes of the client's IP packet */
 	__u8 tcp_flags;
 	__u8 sctp_chunk;       /* type of an SCTP packet's first chunk */
+	__u8 quic;             /* enum lb_quic_route of a QUIC service's packet */
 	__u8 trace;            /* side-effect-free run (lb_trace_meta) */
 	__u8 reason;           /* last counted reason (enum lb_drop_reason), for traces */
 	__u8 fib_rc;           /* last FIB lookup result, for traces */
@@ -215,6 +217,7 @@ LBD_INLINE struct lb_config *lb_config_get(void)
 #include "hash.h"
 #include "vip.h"
 #include "conntrack.h"
+#include "quic.h"
 #include "route.h"
 #include "encap.h"
 #include "reply.h"
@@ -341,7 +344,11 @@ LBD_INLINE int lb_handle_vip(struct xdp_md *ctx, struct lb_pkt *pk)
 	if ((svc->flags & LB_SVC_SRC_RANGES) && !lb_src_allowed(svc, &pk->flow))
 		return lb_drop(pk, LB_DROP_SRC_RANGE);
 
-	if (ct) {
+	/* A QUIC service's packet that names its server goes there, whatever its 5-tuple:
+	 * the connection ID decides, and conntrack is not written (quic.h). */
+	if ((svc->flags & LB_SVC_QUIC) && pk->p.proto == LBD_IPPROTO_UDP)
+		be = lb_quic_backend(ctx, pk, svc, ct, cfg, &be_id);
+	if (ct && !be) {
 		be = lb_backend_get(ct->backend_id);
 		if (be) {
 			be_id = ct->backend_id;

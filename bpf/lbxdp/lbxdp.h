@@ -20,6 +20,7 @@ enum lb_svc_flag {
 	LB_SVC_DROP_NO_BE = 1 << 1,   /* no backend: drop silently instead of rejecting */
 	LB_SVC_SRC_RANGES = 1 << 2,   /* only sources in lb_src_ranges may connect */
 	LB_SVC_AFFINITY = 1 << 3,     /* session affinity by client address */
+	LB_SVC_QUIC = 1 << 4,         /* UDP: route QUIC by the server ID in the connection ID */
 };
 
 /* Why a packet left the forwarding path (index of lb_drop_stats). A "reject" or
@@ -41,6 +42,28 @@ enum lb_drop_reason {
 	LB_DROP_NO_SERVICE,        /* for a VIP, but no service on its port and protocol */
 	LB_DROP_EXTHDRS,           /* IPv6 to a VIP with more extension headers than lbd follows */
 	LB_DROP_MAX,
+};
+
+/* How a packet of a QUIC service was routed (index of the per-CPU lb_quic_stats, and
+ * lb_trace_meta.quic). Append before LB_QUIC_MAX: the Go package names them by index. */
+enum lb_quic_route {
+	LB_QUIC_NONE = 0,      /* not a QUIC service's packet */
+	LB_QUIC_ROUTED,        /* by the server ID in its destination connection ID */
+	LB_QUIC_CLIENT_CID,    /* a long header with a client-chosen ID (Initial, 0-RTT, an
+				* unknown version): the 5-tuple and Maglev, by design */
+	LB_QUIC_UNKNOWN_ID,    /* another config rotation (unroutable 0b111 included), or a
+				* server ID no backend of the service has: the 5-tuple */
+	LB_QUIC_MALFORMED,     /* too short for a connection ID of the configured form, or a
+				* long header no client sends: the 5-tuple */
+	LB_QUIC_MAX,
+};
+
+/* lb_quic_sids: the backend of a server ID, per service. The ID fills sid[0..len),
+ * zeros after. */
+#define LB_QUIC_SID_MAX 15
+struct lb_quic_key {
+	__u32 service_id;
+	__u8 sid[16];
 };
 
 /* lb_trace_meta.reason of a packet that hit no reason above. */
@@ -86,7 +109,11 @@ struct lb_service {
 	__u32 id;               /* stable; indexes lb_tables and lb_svc_stats */
 	__u32 flags;            /* enum lb_svc_flag */
 	__u32 affinity_timeout; /* seconds */
-	__u32 pad;
+	/* LB_SVC_QUIC (QUIC-LB plaintext CIDs, quic.h): the config rotation bits its
+	 * server IDs are valid under, and the server ID's length in bytes (1-15). */
+	__u8 quic_config_id;
+	__u8 quic_sid_len;
+	__u16 pad;
 };
 
 struct lb_backend {
@@ -236,7 +263,7 @@ struct lb_trace_meta {
 	__u8 reason; /* enum lb_drop_reason, or LB_REASON_NONE */
 	__u8 fib_rc; /* last bpf_fib_lookup result (BPF_FIB_LKUP_RET_*) */
 	__u8 fib_done; /* 1: a FIB lookup ran (fib_rc is meaningful) */
-	__u8 pad;
+	__u8 quic;     /* enum lb_quic_route */
 };
 
 /* The packet monitor (monitor.h, `lbctl monitor`). The daemon sets lb_mon while at

@@ -122,6 +122,12 @@ type lbxdpLbMonState struct {
 	RingFull    uint64
 }
 
+type lbxdpLbQuicKey struct {
+	_         structs.HostLayout
+	ServiceId uint32
+	Sid       [16]uint8
+}
+
 type lbxdpLbRoute struct {
 	_         structs.HostLayout
 	ExpiresNs uint64
@@ -141,7 +147,9 @@ type lbxdpLbService struct {
 	Id              uint32
 	Flags           uint32
 	AffinityTimeout uint32
-	Pad             uint32
+	QuicConfigId    uint8
+	QuicSidLen      uint8
+	Pad             uint16
 }
 
 type lbxdpLbServiceKey struct {
@@ -204,6 +212,8 @@ const (
 	lbxdpMapLbFibCache  = "lb_fib_cache"
 	lbxdpMapLbMonCpu    = "lb_mon_cpu"
 	lbxdpMapLbMonRing   = "lb_mon_ring"
+	lbxdpMapLbQuicSids  = "lb_quic_sids"
+	lbxdpMapLbQuicStats = "lb_quic_stats"
 	lbxdpMapLbServices  = "lb_services"
 	lbxdpMapLbSrcRanges = "lb_src_ranges"
 	lbxdpMapLbSvcById   = "lb_svc_by_id"
@@ -276,6 +286,8 @@ type lbxdpMapSpecs struct {
 	LbFibCache  *ebpf.MapSpec `ebpf:"lb_fib_cache"`
 	LbMonCpu    *ebpf.MapSpec `ebpf:"lb_mon_cpu"`
 	LbMonRing   *ebpf.MapSpec `ebpf:"lb_mon_ring"`
+	LbQuicSids  *ebpf.MapSpec `ebpf:"lb_quic_sids"`
+	LbQuicStats *ebpf.MapSpec `ebpf:"lb_quic_stats"`
 	LbServices  *ebpf.MapSpec `ebpf:"lb_services"`
 	LbSrcRanges *ebpf.MapSpec `ebpf:"lb_src_ranges"`
 	LbSvcById   *ebpf.MapSpec `ebpf:"lb_svc_by_id"`
@@ -324,6 +336,8 @@ type lbxdpMaps struct {
 	LbFibCache  *ebpf.Map `ebpf:"lb_fib_cache"`
 	LbMonCpu    *ebpf.Map `ebpf:"lb_mon_cpu"`
 	LbMonRing   *ebpf.Map `ebpf:"lb_mon_ring"`
+	LbQuicSids  *ebpf.Map `ebpf:"lb_quic_sids"`
+	LbQuicStats *ebpf.Map `ebpf:"lb_quic_stats"`
 	LbServices  *ebpf.Map `ebpf:"lb_services"`
 	LbSrcRanges *ebpf.Map `ebpf:"lb_src_ranges"`
 	LbSvcById   *ebpf.Map `ebpf:"lb_svc_by_id"`
@@ -347,6 +361,8 @@ func (m *lbxdpMaps) Close() error {
 		m.LbFibCache,
 		m.LbMonCpu,
 		m.LbMonRing,
+		m.LbQuicSids,
+		m.LbQuicStats,
 		m.LbServices,
 		m.LbSrcRanges,
 		m.LbSvcById,

@@ -51,6 +51,9 @@ type Service struct {
 	// AffinityTimeout, when nonzero, sends a client's new flows to the backend
 	// its previous flow got, for this long after that flow started.
 	AffinityTimeout time.Duration
+	// QUIC, on a UDP service, routes QUIC packets by the server ID in their
+	// connection ID (SetQUICServerID) before the 5-tuple.
+	QUIC QUIC
 }
 
 // Service flags, mirroring enum lb_svc_flag.
@@ -59,6 +62,7 @@ const (
 	svcDropNoBE  = 1 << 1
 	svcSrcRanges = 1 << 2
 	svcAffinity  = 1 << 3
+	svcQUIC      = 1 << 4
 )
 
 // maxAffinitySecs is the largest affinity timeout the map's field holds.
@@ -96,7 +100,15 @@ func (d *Datapath) serviceRaw(s Service) (lbxdpLbService, error) {
 	if secs > 0 {
 		flags |= svcAffinity
 	}
-	return lbxdpLbService{Id: s.ID, Flags: flags, AffinityTimeout: uint32(secs)}, nil
+	if err := s.QUIC.check(); err != nil {
+		return lbxdpLbService{}, err
+	}
+	v := lbxdpLbService{Id: s.ID, Flags: flags, AffinityTimeout: uint32(secs)}
+	if s.QUIC.ServerIDLen > 0 {
+		v.Flags |= svcQUIC
+		v.QuicConfigId, v.QuicSidLen = s.QUIC.ConfigID, s.QUIC.ServerIDLen
+	}
+	return v, nil
 }
 
 // UpsertService creates or replaces a service. A new service has no backend
@@ -231,6 +243,9 @@ func (d *Datapath) Services() (map[ServiceKey]Service, error) {
 		}
 		if v.Flags&svcAffinity != 0 {
 			s.AffinityTimeout = time.Duration(v.AffinityTimeout) * time.Second
+		}
+		if v.Flags&svcQUIC != 0 {
+			s.QUIC = QUIC{ConfigID: v.QuicConfigId, ServerIDLen: v.QuicSidLen}
 		}
 		out[ServiceKey{VIP: bytesAddr(k.Addr, k.Family), Port: htons(k.Port), Proto: k.Proto}] = s
 	}

@@ -25,6 +25,7 @@ func Spec(opts Options) (*ebpf.CollectionSpec, error) {
 		"lb_backends":   opts.MaxBackends,
 		"lb_be_stats":   opts.MaxBackends,
 		"lb_fib_cache":  opts.MaxBackends,
+		"lb_quic_sids":  opts.MaxBackends,
 		"lb_ct4":        ConntrackEntries(opts.ConntrackSize),
 		"lb_ct6":        ConntrackEntries(opts.ConntrackSize),
 		"lb_affinity":   opts.AffinitySize,

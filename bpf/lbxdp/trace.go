@@ -71,6 +71,8 @@ type TraceResult struct {
 	// FIBLookedUp; a cached route needs no lookup.
 	FIBResult   FIBResult
 	FIBLookedUp bool
+	// QUIC is how a QUIC service's packet was routed (QUICNone for others).
+	QUIC QUICRoute
 }
 
 // FIBResult is a bpf_fib_lookup return code.
@@ -122,6 +124,6 @@ func (d *Datapath) TraceResult(frame []byte, ingressIfindex int) (TraceResult, e
 	if meta[4] != reasonNone {
 		r.Reason, r.HasReason = DropReason(meta[4]), true
 	}
-	r.FIBResult, r.FIBLookedUp = FIBResult(meta[5]), meta[6] != 0
+	r.FIBResult, r.FIBLookedUp, r.QUIC = FIBResult(meta[5]), meta[6] != 0, QUICRoute(meta[7])
 	return r, nil
 }

@@ -26,6 +26,7 @@ LBD_INLINE void lb_trace_record(struct xdp_md *ctx, const struct lb_pkt *pk)
 	tm->reason = pk->reason;
 	tm->fib_rc = pk->fib_rc;
 	tm->fib_done = pk->fib_done;
+	tm->quic = pk->quic;
 }
 
 #endif

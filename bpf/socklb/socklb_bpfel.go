@@ -45,7 +45,9 @@ type socklbLbService struct {
 	Id              uint32
 	Flags           uint32
 	AffinityTimeout uint32
-	Pad             uint32
+	QuicConfigId    uint8
+	QuicSidLen      uint8
+	Pad             uint16
 }
 
 type socklbLbServiceKey struct {

@@ -70,6 +70,22 @@ func svcWith(f func(*lbdv1.Service)) *lbdv1.Service {
 	return s
 }
 
+// quicSvc is a QUIC-aware UDP service whose two backends have server IDs 0001 and 0002,
+// changed by f.
+func quicSvc(f func(*lbdv1.Service)) *lbdv1.Service {
+	return svcWith(func(s *lbdv1.Service) {
+		s.Name, s.Protocol, s.Port = "h3", lbdv1.Protocol_PROTOCOL_UDP, 443
+		s.Quic = &lbdv1.QuicRouting{ConfigId: 1, ServerIdLength: 2}
+		s.Backends[0].QuicServerId, s.Backends[1].QuicServerId = []byte{0, 1}, []byte{0, 2}
+		f(s)
+	})
+}
+
+func createQUIC(c *clients) error {
+	_, err := c.lb.CreateService(bg(), &lbdv1.CreateServiceRequest{Service: quicSvc(func(*lbdv1.Service) {})})
+	return err
+}
+
 func create(s *lbdv1.Service) func(*clients) error {
 	return func(c *clients) error {
 		_, err := c.lb.CreateService(bg(), &lbdv1.CreateServiceRequest{Service: s})
@@ -122,6 +138,27 @@ func TestBadRequestsChangeNothing(t *testing.T) {
 			_, err := c.lb.CreateBackend(bg(), &lbdv1.CreateBackendRequest{ServiceName: "sctp", Backend: &lbdv1.Backend{Address: "198.18.1.9", Port: 9090}})
 			return err
 		}, codes.InvalidArgument, "backend.port"},
+		{"quic on tcp", nil, create(svcWith(func(s *lbdv1.Service) { s.Quic = &lbdv1.QuicRouting{ServerIdLength: 2} })),
+			codes.InvalidArgument, "service.quic"},
+		{"quic unroutable config", nil, create(quicSvc(func(s *lbdv1.Service) { s.Quic.ConfigId = 7 })), codes.InvalidArgument, "service.quic.config_id"},
+		{"quic no server id length", nil, create(quicSvc(func(s *lbdv1.Service) { s.Quic.ServerIdLength = 0 })), codes.InvalidArgument, "service.quic.server_id_length"},
+		{"quic server id too long", nil, create(quicSvc(func(s *lbdv1.Service) { s.Quic.ServerIdLength = 16 })), codes.InvalidArgument, "service.quic.server_id_length"},
+		{"quic server id without quic", nil, create(quicSvc(func(s *lbdv1.Service) { s.Quic = nil })), codes.InvalidArgument, "service.backends[0].quic_server_id"},
+		{"quic server id length", nil, create(quicSvc(func(s *lbdv1.Service) { s.Backends[1].QuicServerId = []byte{1, 2, 3} })),
+			codes.InvalidArgument, "service.backends[1].quic_server_id"},
+		{"quic server id twice", nil, create(quicSvc(func(s *lbdv1.Service) { s.Backends[1].QuicServerId = s.Backends[0].QuicServerId })),
+			codes.InvalidArgument, "service.backends[1].quic_server_id"},
+		{"quic server id of another backend added", createQUIC, func(c *clients) error {
+			_, err := c.lb.CreateBackend(bg(), &lbdv1.CreateBackendRequest{ServiceName: "h3",
+				Backend: &lbdv1.Backend{Address: "198.18.1.9", Port: 8080, QuicServerId: []byte{0, 1}}})
+			return err
+		}, codes.InvalidArgument, "backend.quic_server_id"},
+		{"quic server id of another backend set", createQUIC, func(c *clients) error {
+			_, err := c.lb.UpdateBackend(bg(), &lbdv1.UpdateBackendRequest{ServiceName: "h3",
+				Backend:    &lbdv1.Backend{Address: "198.18.1.2", Port: 8080, QuicServerId: []byte{0, 1}},
+				UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"quic_server_id"}}})
+			return err
+		}, codes.InvalidArgument, "backend.quic_server_id"},
 		{"table not prime", nil, create(svcWith(func(s *lbdv1.Service) { s.MaglevTableSize = 65536 })), codes.InvalidArgument, "service.maglev_table_size"},
 		{"table too small", nil, create(svcWith(func(s *lbdv1.Service) { s.MaglevTableSize = 7 })), codes.InvalidArgument, "service.maglev_table_size"},
 		{"table too big", nil, create(svcWith(func(s *lbdv1.Service) { s.MaglevTableSize = 1000003 })), codes.InvalidArgument, "service.maglev_table_size"},

@@ -63,7 +63,14 @@ func (m *Manager) TraceFlow(_ context.Context, r *lbdv1.TraceFlowRequest) (*lbdv
 		return nil, status.Error(codes.InvalidArgument, "trace: need source and destination addresses of one family and ports 0-65535")
 	}
 	flow := lbxdp.Flow{Src: netip.AddrPortFrom(src, uint16(r.SourcePort)), Dst: netip.AddrPortFrom(dst, uint16(r.DestinationPort)), Proto: proto}
-	frame, err := buildFrame(flow)
+	var payload []byte
+	if cid := r.QuicDestinationConnectionId; len(cid) > 0 {
+		if proto != lbxdp.ProtoUDP || len(cid) > 20 {
+			return nil, status.Error(codes.InvalidArgument, "trace: quic_destination_connection_id: 1-20 bytes, UDP only")
+		}
+		payload = quicShortHeader(cid)
+	}
+	frame, err := buildFrame(flow, payload)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "trace: build packet: %v", err)
 	}
@@ -106,12 +113,17 @@ func (m *Manager) TraceFlow(_ context.Context, r *lbdv1.TraceFlowRequest) (*lbdv
 	}
 	choice := ""
 	switch {
+	case forwarded && res.QUIC == lbxdp.QUICRouted:
+		choice = "QUIC: the server ID in the destination connection ID names this backend (conntrack and the Maglev table are not consulted)"
 	case forwarded && hadCT && ct.BackendID == bid:
 		choice = fmt.Sprintf("existing flow: its conntrack entry (state %s) keeps it on this backend", ct.State)
 	case forwarded && svc.svc.AffinityTimeout > 0:
 		choice = fmt.Sprintf("new flow: session affinity or the Maglev table (size %d) chose this backend", svc.table.size)
 	case forwarded:
 		choice = fmt.Sprintf("new flow: the Maglev table (size %d) chose this backend", svc.table.size)
+	}
+	if why := quicFallback(res.QUIC); why != "" && forwarded {
+		choice = why + "; " + choice
 	}
 	resp.Reason = traceReason(res, choice)
 	if !attached {
@@ -164,7 +176,28 @@ func (m *Manager) runTrace(frame []byte) (lbxdp.TraceResult, error) {
 	return m.lb.TraceResult(frame, m.ifindex)
 }
 
-func buildFrame(f lbxdp.Flow) ([]byte, error) {
+// quicShortHeader is a QUIC 1-RTT packet to dcid, as much of one as the datapath reads:
+// the header, a packet number, and room for the protected payload.
+func quicShortHeader(dcid []byte) []byte {
+	return append(append([]byte{0x41}, dcid...), make([]byte, 24)...)
+}
+
+// quicFallback says why a QUIC service's packet took the 5-tuple path, "" if it did not.
+func quicFallback(r lbxdp.QUICRoute) string {
+	switch r {
+	case lbxdp.QUICClientCID:
+		return "QUIC: an Initial or 0-RTT packet (a connection ID the client chose) is balanced by its 5-tuple"
+	case lbxdp.QUICUnknownID:
+		return "QUIC: the connection ID names no backend of the service (another config rotation, or an unknown or removed server ID), so the 5-tuple decides"
+	case lbxdp.QUICMalformed:
+		return "QUIC: no connection ID of the configured form (too short, or a long header no client sends), so the 5-tuple decides"
+	}
+	return ""
+}
+
+// buildFrame builds a packet of the flow: a TCP SYN, an SCTP INIT, or a UDP datagram
+// (with payload, or a default one).
+func buildFrame(f lbxdp.Flow, payload []byte) ([]byte, error) {
 	eth := &layers.Ethernet{SrcMAC: []byte{2, 0, 0, 0, 0, 1}, DstMAC: []byte{2, 0, 0, 0, 0, 2}}
 	var ip gopacket.NetworkLayer
 	var l []gopacket.SerializableLayer
@@ -197,7 +230,10 @@ func buildFrame(f lbxdp.Flow) ([]byte, error) {
 		if err := udp.SetNetworkLayerForChecksum(ip); err != nil {
 			return nil, err
 		}
-		l = append(l, udp, gopacket.Payload("lbd trace"))
+		if payload == nil {
+			payload = []byte("lbd trace")
+		}
+		l = append(l, udp, gopacket.Payload(payload))
 	}
 	buf := gopacket.NewSerializeBuffer()
 	err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, l...)

@@ -27,6 +27,8 @@ type programmed struct {
 	backendKeys map[uint32]netip.AddrPort
 	ranges      []netip.Prefix
 	table       tableInfo
+	// quicIDs: the backend ID of each QUIC server ID (its bytes as a string).
+	quicIDs map[string]uint32
 }
 
 // tableInfo is what the manager keeps of a service's Maglev table.
@@ -79,6 +81,10 @@ func desired(svc *lbdv1.Service) (*plan, error) {
 		backends:    make(map[uint32]lbxdp.Backend, len(svc.Backends)),
 		backendKeys: make(map[uint32]netip.AddrPort, len(svc.Backends)),
 	}
+	if q := svc.Quic; q != nil {
+		p.svc.QUIC = lbxdp.QUIC{ConfigID: uint8(q.ConfigId), ServerIDLen: uint8(q.ServerIdLength)}
+		p.quicIDs = map[string]uint32{}
+	}
 	if svc.HashMode == lbdv1.HashMode_HASH_MODE_SOURCE_ADDRESS {
 		p.svc.HashMode = lbxdp.HashSourceAddr
 	}
@@ -117,6 +123,11 @@ func desired(svc *lbdv1.Service) (*plan, error) {
 		// enter the Maglev table.
 		p.backends[b.Id] = lbxdp.Backend{Addr: addr, Port: uint16(b.Port), Node: node}
 		p.backendKeys[b.Id] = ap
+		// A draining or down backend keeps its server ID, so its QUIC connections go on
+		// whatever their client's address; a disabled or removed one is not here.
+		if len(b.QuicServerId) > 0 && p.quicIDs != nil {
+			p.quicIDs[string(b.QuicServerId)] = b.Id
+		}
 		reachable := b.NodeReachability != lbdv1.Reachability_REACHABILITY_UNREACHABLE
 		if b.State == lbdv1.BackendState_BACKEND_STATE_ACTIVE && !down && reachable {
 			usable = append(usable, maglev.Backend{ID: b.Id, Key: maglev.Key(ap), Weight: b.Weight})
@@ -250,7 +261,41 @@ func (m *Manager) writeBefore(plans []*plan) {
 				}
 			}
 		}
+		if p.err == nil {
+			p.err = m.writeQUICIDs(p.old, p.want)
+		}
 	}
+}
+
+// writeQUICIDs adds or changes the QUIC server IDs of want (their backends are in the
+// maps by now).
+func (m *Manager) writeQUICIDs(old, want *programmed) error {
+	for _, sid := range slices.Sorted(maps.Keys(want.quicIDs)) {
+		bid := want.quicIDs[sid]
+		if ob, ok := old.quicIDs[sid]; ok && ob == bid && old.svc.ID == want.svc.ID {
+			continue
+		}
+		if err := m.lb.SetQUICServerID(want.svc.ID, []byte(sid), bid); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// deleteQUICIDs removes the server IDs of old that want (nil: none) has not: their
+// packets take the 5-tuple path from then on.
+func (m *Manager) deleteQUICIDs(old, want *programmed) error {
+	for _, sid := range slices.Sorted(maps.Keys(old.quicIDs)) {
+		if want != nil {
+			if _, ok := want.quicIDs[sid]; ok {
+				continue
+			}
+		}
+		if err := m.lb.DeleteQUICServerID(old.svc.ID, []byte(sid)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // writeAfter switches the service entry and removes what the old table referred to.
@@ -272,6 +317,10 @@ func (m *Manager) writeAfter(old, want *programmed, sw *sweep) error {
 				return err
 			}
 		}
+	}
+	// A server ID goes before its backend, so that no packet finds one without the other.
+	if err := m.deleteQUICIDs(old, want); err != nil {
+		return err
 	}
 	for bid := range old.backends {
 		if _, ok := want.backends[bid]; !ok {
@@ -386,6 +435,9 @@ func (m *Manager) remove(id uint32, sw *sweep) error {
 		if err := m.lb.DeleteSourceRange(id, r); err != nil {
 			return err
 		}
+	}
+	if err := m.deleteQUICIDs(old, nil); err != nil {
+		return err
 	}
 	for _, bid := range slices.Sorted(maps.Keys(old.backends)) {
 		if err := m.lb.DeleteBackend(bid); err != nil {

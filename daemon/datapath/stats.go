@@ -66,6 +66,13 @@ func (m *Manager) stats(sel servicematch.Set, order countersOrder, limit int, ba
 		for _, e := range evs {
 			resp.ConntrackEvents = append(resp.ConntrackEvents, &lbdv1.EventCounter{Name: e.Event.String(), Count: e.Count})
 		}
+		routes, err := m.lb.QUICRoutes()
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "read counters: %v", err)
+		}
+		for _, r := range routes {
+			resp.QuicRoutes = append(resp.QuicRoutes, &lbdv1.EventCounter{Name: r.Route.String(), Count: r.Count})
+		}
 	} else if names := sel.Names(); len(names) > 0 {
 		return nil, status.Errorf(codes.NotFound, "services: this node has no LB datapath, so no service %q", names[0])
 	}

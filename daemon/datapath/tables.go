@@ -111,7 +111,7 @@ func parallel(n int, fn func(i int)) {
 }
 
 // adoptProgrammed reads what an earlier daemon left in the maps, so that Sync writes
-// only the difference: services, source ranges and backends, and of each table its
+// only the difference: services, source ranges, QUIC server IDs and backends, and of each table its
 // size, digest and shares, read on every CPU. A table whose slots do not match the
 // checksum its writer recorded is adopted as missing, to be written again.
 func (m *Manager) adoptProgrammed() error {
@@ -123,9 +123,17 @@ func (m *Manager) adoptProgrammed() error {
 	if err != nil {
 		return err
 	}
+	lens := make(map[uint32]uint8, len(svcs))
+	for _, s := range svcs {
+		lens[s.ID] = s.QUIC.ServerIDLen
+	}
+	quicIDs, err := m.lb.QUICServerIDs(lens)
+	if err != nil {
+		return err
+	}
 	adopted := make([]*programmed, 0, len(svcs))
 	for k, s := range svcs {
-		p := &programmed{key: k, svc: s, ranges: ranges[s.ID],
+		p := &programmed{key: k, svc: s, ranges: ranges[s.ID], quicIDs: quicIDs[s.ID],
 			backends: map[uint32]lbxdp.Backend{}, backendKeys: map[uint32]netip.AddrPort{}}
 		adopted = append(adopted, p)
 		m.programmed[s.ID] = p

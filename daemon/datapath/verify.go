@@ -168,6 +168,9 @@ func (m *Manager) verifyLB(note func(kind, format string, args ...any), allTable
 		}
 	}
 
+	if err := m.verifyQUICIDs(note); err != nil {
+		return err
+	}
 	ranges, err := m.lb.SourceRanges()
 	if err != nil {
 		return err
@@ -190,6 +193,42 @@ func (m *Manager) verifyLB(note func(kind, format string, args ...any), allTable
 					return err
 				}
 				note("source_range", "source range %s of service ID %d is not desired: removed", r, id)
+			}
+		}
+	}
+	return nil
+}
+
+// verifyQUICIDs compares the QUIC server IDs in the map with those of the programmed
+// services. Caller holds mu.
+func (m *Manager) verifyQUICIDs(note func(kind, format string, args ...any)) error {
+	lens := make(map[uint32]uint8, len(m.programmed))
+	for id, p := range m.programmed {
+		lens[id] = p.svc.QUIC.ServerIDLen
+	}
+	have, err := m.lb.QUICServerIDs(lens)
+	if err != nil {
+		return err
+	}
+	for _, id := range slices.Sorted(maps.Keys(m.programmed)) {
+		p := m.programmed[id]
+		for _, sid := range slices.Sorted(maps.Keys(p.quicIDs)) {
+			bid := p.quicIDs[sid]
+			if got, ok := have[id][sid]; !ok || got != bid {
+				if err := m.lb.SetQUICServerID(id, []byte(sid), bid); err != nil {
+					return err
+				}
+				note("quic_server_id", "QUIC server ID %x of service %s: %s", sid, p.name, presence(ok, fmt.Sprintf("backend %d, want %d", got, bid)))
+			}
+		}
+	}
+	for id, sids := range have {
+		for sid := range sids {
+			if p := m.programmed[id]; p == nil || p.quicIDs[sid] == 0 {
+				if err := m.lb.DeleteQUICServerID(id, []byte(sid)); err != nil {
+					return err
+				}
+				note("quic_server_id", "QUIC server ID %x of service ID %d is not desired: removed", sid, id)
 			}
 		}
 	}

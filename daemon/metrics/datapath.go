@@ -39,6 +39,7 @@ const (
 	events     = "lbd_datapath_packets_total"
 	sockEvents = "lbd_socket_lb_calls_total"
 	ctEvents   = "lbd_conntrack_events_total"
+	quicRoutes = "lbd_quic_packets_total"
 	onlyWith   = " (only with metrics.backend_series or metrics.backend_series_services)"
 	perService = " (for every service up to metrics.service_series_limit services; above it, for those metrics.service_series_services selects)"
 )
@@ -114,18 +115,19 @@ func writeDatapath(t *textWriter, st *lbdv1.GetStatsResponse, keep map[string]bo
 		}
 	}
 	for _, f := range []struct {
-		name, help string
-		events     []*lbdv1.EventCounter
+		name, help, label string
+		events            []*lbdv1.EventCounter
 	}{
-		{sockEvents, "Socket calls of local processes handled by socket-level load balancing, by event (connect, sendmsg, reverse, no_backend, revnat_full).", st.SocketEvents},
-		{ctEvents, "What the LB node's conntrack did, by event: inserted, tentative, confirmed, guard_skipped, guard_engaged, insert_failed, reclaimed.", st.ConntrackEvents},
+		{sockEvents, "Socket calls of local processes handled by socket-level load balancing, by event (connect, sendmsg, reverse, no_backend, revnat_full).", "event", st.SocketEvents},
+		{ctEvents, "What the LB node's conntrack did, by event: inserted, tentative, confirmed, guard_skipped, guard_engaged, insert_failed, reclaimed.", "event", st.ConntrackEvents},
+		{quicRoutes, "Packets of QUIC-aware UDP services by route: routed_cid (by the server ID in the destination connection ID), fallback_client_cid (Initial or 0-RTT), fallback_unknown_id (another config rotation, or a server ID no backend of the service has), fallback_malformed.", "route", st.QuicRoutes},
 	} {
 		if len(f.events) == 0 {
 			continue
 		}
 		t.family(f.name, "counter", f.help)
 		for _, e := range f.events {
-			t.counter(f.name, e.Count, "event", e.Name)
+			t.counter(f.name, e.Count, f.label, e.Name)
 		}
 	}
 }

@@ -44,6 +44,7 @@ func (f *fakeStats) read(backendsOf func(string) bool) (*lbdv1.GetStatsResponse,
 	resp := &lbdv1.GetStatsResponse{
 		Reasons:      []*lbdv1.Counter{{Name: "lb_drop_fib", Packets: 3}},
 		SocketEvents: []*lbdv1.EventCounter{{Name: "connect", Count: 7}},
+		QuicRoutes:   []*lbdv1.EventCounter{{Name: "routed_cid", Count: 5}},
 	}
 	for _, name := range []string{"web", "payments/api"} {
 		s := &lbdv1.ServiceStats{ServiceName: name, Packets: f.packets}
@@ -92,6 +93,7 @@ func TestScrapeReadsCountersAndStatusEachTime(t *testing.T) {
 		`lbd_service_packets_total{service="payments/api"} 10`,
 		`lbd_datapath_packets_total{reason="lb_drop_fib"} 3`,
 		`lbd_socket_lb_calls_total{event="connect"} 7`,
+		`lbd_quic_packets_total{route="routed_cid"} 5`,
 		`lbd_table_entries{table="conntrack"} 400`,
 		`lbd_table_fill_ratio{table="conntrack"} 0.32`,
 		`lbd_gc_passes_total{table="conntrack"} 1`,

@@ -27,6 +27,10 @@ func (s *Store) editBackends(serviceName string, check OwnerCheck, edit func(svc
 		t.abort()
 		return nil, failedPrecondition("backend", "service %q would have %d backends, over the limit of %d", serviceName, len(svc.Backends), s.opts.Limits.MaxBackendsPerService)
 	}
+	if _, j, dup := duplicateQUICServerID(svc.Backends); dup {
+		t.abort()
+		return nil, invalid("backend.quic_server_id", "%x is already the server ID of another backend of service %q", svc.Backends[j].QuicServerId, serviceName)
+	}
 	var weights uint32
 	for _, b := range svc.Backends {
 		weights += b.Weight
@@ -107,7 +111,8 @@ func (s *Store) UpdateBackend(serviceName string, in *lbdv1.Backend) (*lbdv1.Bac
 
 // BackendUpdate says what UpdateBackendFields replaces, and on which conditions.
 type BackendUpdate struct {
-	// Fields are the fields replaced: node_address, weight, state; none: all three.
+	// Fields are the fields replaced: node_address, weight, state, quic_server_id; none:
+	// all of them.
 	Fields []string
 	// FromStates, if not empty, are the states the backend must be in.
 	FromStates []lbdv1.BackendState
@@ -155,6 +160,8 @@ func (s *Store) updateBackendFields(serviceName string, in *lbdv1.Backend, u Bac
 					merged.Weight = in.Weight
 				case "state":
 					merged.State = in.State
+				case "quic_server_id":
+					merged.QuicServerId = in.QuicServerId
 				}
 			}
 		}
@@ -172,7 +179,7 @@ func (s *Store) updateBackendFields(serviceName string, in *lbdv1.Backend, u Bac
 }
 
 // updatableBackendFields are the fields UpdateBackend may be asked to replace alone.
-var updatableBackendFields = []string{"node_address", "weight", "state"}
+var updatableBackendFields = []string{"node_address", "weight", "state", "quic_server_id"}
 
 // deleteBackend removes a backend from a service.
 func (s *Store) deleteBackend(serviceName, address string, port uint32, check OwnerCheck) error {

@@ -184,6 +184,9 @@ func normalizeService(svc *lbdv1.Service, lim Limits) (*lbdv1.Service, *Error) {
 	default:
 		return nil, invalid("service.protocol", "unknown protocol %d", s.Protocol)
 	}
+	if err := validateQUIC(s); err != nil {
+		return nil, err
+	}
 	if s.MaglevTableSize == 0 {
 		s.MaglevTableSize = lim.DefaultTableSize
 	}
@@ -256,8 +259,51 @@ func normalizeService(svc *lbdv1.Service, lim Limits) (*lbdv1.Service, *Error) {
 	if m := maglev.TableSize(s.MaglevTableSize, len(s.Backends), uint64(weights)); weights > m {
 		return nil, invalid("service.backends", "weights add up to %d, more than the Maglev table size %d", weights, m)
 	}
+	if i, j, dup := duplicateQUICServerID(s.Backends); dup {
+		return nil, invalid(fmt.Sprintf("service.backends[%d].quic_server_id", j), "%x is also the server ID of backends[%d]", s.Backends[j].QuicServerId, i)
+	}
 	sortBackends(s.Backends)
 	return s, nil
+}
+
+// QUIC-LB's bounds: config rotation codepoints 0-6 (0b111 marks unroutable connection
+// IDs), server IDs of 1-15 bytes.
+const (
+	maxQUICConfigID    = 6
+	maxQUICServerIDLen = 15
+)
+
+func validateQUIC(s *lbdv1.Service) *Error {
+	q := s.Quic
+	if q == nil {
+		return nil
+	}
+	if s.Protocol != lbdv1.Protocol_PROTOCOL_UDP {
+		return invalid("service.quic", "QUIC routing is for UDP services only")
+	}
+	if q.ConfigId > maxQUICConfigID {
+		return invalid("service.quic.config_id", "%d must be 0-%d (7 marks unroutable connection IDs)", q.ConfigId, maxQUICConfigID)
+	}
+	if q.ServerIdLength < 1 || q.ServerIdLength > maxQUICServerIDLen {
+		return invalid("service.quic.server_id_length", "%d must be 1-%d bytes", q.ServerIdLength, maxQUICServerIDLen)
+	}
+	return nil
+}
+
+// duplicateQUICServerID finds two backends with one QUIC server ID: a connection ID
+// must name one backend.
+func duplicateQUICServerID(bs []*lbdv1.Backend) (first, second int, dup bool) {
+	seen := map[string]int{}
+	for i, b := range bs {
+		if len(b.QuicServerId) == 0 {
+			continue
+		}
+		if j, ok := seen[string(b.QuicServerId)]; ok {
+			return j, i, true
+		}
+		seen[string(b.QuicServerId)] = i
+	}
+	return 0, 0, false
 }
 
 func normalizeSourceRanges(s *lbdv1.Service, vip netip.Addr, lim Limits) *Error {
@@ -419,6 +465,14 @@ func fixBackend(field string, nb *lbdv1.Backend, vip netip.Addr, svc *lbdv1.Serv
 		// SCTP's CRC32c covers the ports: translating one would mean recomputing it
 		// over the whole packet, on every packet, in both directions.
 		return nil, invalid(field+".port", "%d must be the SCTP service's port %d: lbd does not translate SCTP ports", nb.Port, svc.Port)
+	}
+	if n := len(nb.QuicServerId); n > 0 {
+		switch {
+		case svc.Quic == nil:
+			return nil, invalid(field+".quic_server_id", "the service has no QUIC routing (service.quic)")
+		case uint32(n) != svc.Quic.ServerIdLength:
+			return nil, invalid(field+".quic_server_id", "%x is %d bytes, the service's server IDs are %d", nb.QuicServerId, n, svc.Quic.ServerIdLength)
+		}
 	}
 	if nb.NodeAddress == "" {
 		nb.NodeAddress = nb.Address

@@ -1247,10 +1247,10 @@ type UpdateBackendRequest struct {
 	ServiceName string                 `protobuf:"bytes,1,opt,name=service_name,json=serviceName,proto3" json:"service_name,omitempty"`
 	// Identified by address and port; the fields update_mask names are replaced.
 	Backend *Backend `protobuf:"bytes,2,opt,name=backend,proto3" json:"backend,omitempty"`
-	// Fields of backend to replace: "node_address", "weight", "state". Empty replaces all
-	// three. Naming only the field to change keeps concurrent changes to the others. A
-	// mask naming "weight" with a weight of 0 is INVALID_ARGUMENT (drain the backend to
-	// stop new flows), where an empty mask reads 0 as 1.
+	// Fields of backend to replace: "node_address", "weight", "state", "quic_server_id".
+	// Empty replaces all of them. Naming only the field to change keeps concurrent changes
+	// to the others. A mask naming "weight" with a weight of 0 is INVALID_ARGUMENT (drain
+	// the backend to stop new flows), where an empty mask reads 0 as 1.
 	UpdateMask *fieldmaskpb.FieldMask `protobuf:"bytes,3,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
 	// If not empty, the update fails with FAILED_PRECONDITION unless the backend's stored
 	// state is one of these: a state change that only applies from some states (undrain
@@ -1465,8 +1465,11 @@ type TraceFlowRequest struct {
 	SourcePort         uint32                 `protobuf:"varint,3,opt,name=source_port,json=sourcePort,proto3" json:"source_port,omitempty"`
 	DestinationAddress string                 `protobuf:"bytes,4,opt,name=destination_address,json=destinationAddress,proto3" json:"destination_address,omitempty"`
 	DestinationPort    uint32                 `protobuf:"varint,5,opt,name=destination_port,json=destinationPort,proto3" json:"destination_port,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// UDP only: trace a QUIC 1-RTT (short header) packet to this destination connection ID
+	// (1-20 bytes) instead of a plain datagram.
+	QuicDestinationConnectionId []byte `protobuf:"bytes,6,opt,name=quic_destination_connection_id,json=quicDestinationConnectionId,proto3" json:"quic_destination_connection_id,omitempty"`
+	unknownFields               protoimpl.UnknownFields
+	sizeCache                   protoimpl.SizeCache
 }
 
 func (x *TraceFlowRequest) Reset() {
@@ -1532,6 +1535,13 @@ func (x *TraceFlowRequest) GetDestinationPort() uint32 {
 		return x.DestinationPort
 	}
 	return 0
+}
+
+func (x *TraceFlowRequest) GetQuicDestinationConnectionId() []byte {
+	if x != nil {
+		return x.QuicDestinationConnectionId
+	}
+	return nil
 }
 
 type TraceFlowResponse struct {
@@ -2102,8 +2112,13 @@ type GetStatsResponse struct {
 	// guard's limit), insert_failed (the table was full), reclaimed (entries the
 	// collector removed early to keep room: tentative first, then the longest idle).
 	ConntrackEvents []*EventCounter `protobuf:"bytes,4,rep,name=conntrack_events,json=conntrackEvents,proto3" json:"conntrack_events,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// LB nodes' packets of QUIC-aware services (service.quic), by route: routed_cid (by the
+	// server ID in the connection ID), fallback_client_cid (Initial or 0-RTT: the 5-tuple by
+	// design), fallback_unknown_id (another config rotation, or a server ID no backend of
+	// the service has), fallback_malformed (no connection ID of the configured form).
+	QuicRoutes    []*EventCounter `protobuf:"bytes,5,rep,name=quic_routes,json=quicRoutes,proto3" json:"quic_routes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetStatsResponse) Reset() {
@@ -2160,6 +2175,13 @@ func (x *GetStatsResponse) GetSocketEvents() []*EventCounter {
 func (x *GetStatsResponse) GetConntrackEvents() []*EventCounter {
 	if x != nil {
 		return x.ConntrackEvents
+	}
+	return nil
+}
+
+func (x *GetStatsResponse) GetQuicRoutes() []*EventCounter {
+	if x != nil {
+		return x.QuicRoutes
 	}
 	return nil
 }
@@ -3166,14 +3188,15 @@ const file_lbd_v1_api_proto_rawDesc = "" +
 	"\fservice_name\x18\x01 \x01(\tR\vserviceName\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x12\n" +
 	"\x04port\x18\x03 \x01(\rR\x04port\"\x17\n" +
-	"\x15DeleteBackendResponse\"\xe4\x01\n" +
+	"\x15DeleteBackendResponse\"\xa9\x02\n" +
 	"\x10TraceFlowRequest\x12,\n" +
 	"\bprotocol\x18\x01 \x01(\x0e2\x10.lbd.v1.ProtocolR\bprotocol\x12%\n" +
 	"\x0esource_address\x18\x02 \x01(\tR\rsourceAddress\x12\x1f\n" +
 	"\vsource_port\x18\x03 \x01(\rR\n" +
 	"sourcePort\x12/\n" +
 	"\x13destination_address\x18\x04 \x01(\tR\x12destinationAddress\x12)\n" +
-	"\x10destination_port\x18\x05 \x01(\rR\x0fdestinationPort\"\x93\x01\n" +
+	"\x10destination_port\x18\x05 \x01(\rR\x0fdestinationPort\x12C\n" +
+	"\x1equic_destination_connection_id\x18\x06 \x01(\fR\x1bquicDestinationConnectionId\"\x93\x01\n" +
 	"\x11TraceFlowResponse\x12!\n" +
 	"\fservice_name\x18\x01 \x01(\tR\vserviceName\x12)\n" +
 	"\abackend\x18\x02 \x01(\v2\x0f.lbd.v1.BackendR\abackend\x12\x18\n" +
@@ -3213,12 +3236,14 @@ const file_lbd_v1_api_proto_rawDesc = "" +
 	"\bservices\x18\x01 \x03(\tR\bservices\x12-\n" +
 	"\border_by\x18\x02 \x01(\x0e2\x12.lbd.v1.StatsOrderR\aorderBy\x12\x14\n" +
 	"\x05limit\x18\x03 \x01(\rR\x05limit\x12#\n" +
-	"\romit_backends\x18\x04 \x01(\bR\fomitBackends\"\xeb\x01\n" +
+	"\romit_backends\x18\x04 \x01(\bR\fomitBackends\"\xa2\x02\n" +
 	"\x10GetStatsResponse\x120\n" +
 	"\bservices\x18\x01 \x03(\v2\x14.lbd.v1.ServiceStatsR\bservices\x12)\n" +
 	"\areasons\x18\x02 \x03(\v2\x0f.lbd.v1.CounterR\areasons\x129\n" +
 	"\rsocket_events\x18\x03 \x03(\v2\x14.lbd.v1.EventCounterR\fsocketEvents\x12?\n" +
-	"\x10conntrack_events\x18\x04 \x03(\v2\x14.lbd.v1.EventCounterR\x0fconntrackEvents\";\n" +
+	"\x10conntrack_events\x18\x04 \x03(\v2\x14.lbd.v1.EventCounterR\x0fconntrackEvents\x125\n" +
+	"\vquic_routes\x18\x05 \x03(\v2\x14.lbd.v1.EventCounterR\n" +
+	"quicRoutes\";\n" +
 	"\x14CreateBgpPeerRequest\x12#\n" +
 	"\x04peer\x18\x01 \x01(\v2\x0f.lbd.v1.BgpPeerR\x04peer\"<\n" +
 	"\x15CreateBgpPeerResponse\x12#\n" +
@@ -3432,80 +3457,81 @@ var file_lbd_v1_api_proto_depIdxs = []int32{
 	69, // 28: lbd.v1.GetStatsResponse.reasons:type_name -> lbd.v1.Counter
 	70, // 29: lbd.v1.GetStatsResponse.socket_events:type_name -> lbd.v1.EventCounter
 	70, // 30: lbd.v1.GetStatsResponse.conntrack_events:type_name -> lbd.v1.EventCounter
-	71, // 31: lbd.v1.CreateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
-	71, // 32: lbd.v1.CreateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
-	71, // 33: lbd.v1.GetBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
-	71, // 34: lbd.v1.ListBgpPeersResponse.peers:type_name -> lbd.v1.BgpPeer
-	71, // 35: lbd.v1.UpdateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
-	71, // 36: lbd.v1.UpdateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
-	72, // 37: lbd.v1.ListBgpRoutesResponse.routes:type_name -> lbd.v1.BgpRoute
-	73, // 38: lbd.v1.GetNodeResponse.node:type_name -> lbd.v1.Node
-	73, // 39: lbd.v1.DrainNodeResponse.node:type_name -> lbd.v1.Node
-	73, // 40: lbd.v1.UndrainNodeResponse.node:type_name -> lbd.v1.Node
-	73, // 41: lbd.v1.DetachNodeResponse.node:type_name -> lbd.v1.Node
-	74, // 42: lbd.v1.VerifyNodeResponse.repaired:type_name -> lbd.v1.Drift
-	73, // 43: lbd.v1.VerifyNodeResponse.node:type_name -> lbd.v1.Node
-	2,  // 44: lbd.v1.LoadBalancerService.CreateService:input_type -> lbd.v1.CreateServiceRequest
-	4,  // 45: lbd.v1.LoadBalancerService.GetService:input_type -> lbd.v1.GetServiceRequest
-	6,  // 46: lbd.v1.LoadBalancerService.ListServices:input_type -> lbd.v1.ListServicesRequest
-	8,  // 47: lbd.v1.LoadBalancerService.UpdateService:input_type -> lbd.v1.UpdateServiceRequest
-	10, // 48: lbd.v1.LoadBalancerService.DeleteService:input_type -> lbd.v1.DeleteServiceRequest
-	12, // 49: lbd.v1.LoadBalancerService.ApplyServices:input_type -> lbd.v1.ApplyServicesRequest
-	15, // 50: lbd.v1.LoadBalancerService.WatchServices:input_type -> lbd.v1.WatchServicesRequest
-	17, // 51: lbd.v1.LoadBalancerService.CreateBackend:input_type -> lbd.v1.CreateBackendRequest
-	19, // 52: lbd.v1.LoadBalancerService.GetBackend:input_type -> lbd.v1.GetBackendRequest
-	21, // 53: lbd.v1.LoadBalancerService.ListBackends:input_type -> lbd.v1.ListBackendsRequest
-	23, // 54: lbd.v1.LoadBalancerService.UpdateBackend:input_type -> lbd.v1.UpdateBackendRequest
-	25, // 55: lbd.v1.LoadBalancerService.DeleteBackend:input_type -> lbd.v1.DeleteBackendRequest
-	27, // 56: lbd.v1.LoadBalancerService.TraceFlow:input_type -> lbd.v1.TraceFlowRequest
-	31, // 57: lbd.v1.LoadBalancerService.ListConnections:input_type -> lbd.v1.ListConnectionsRequest
-	35, // 58: lbd.v1.LoadBalancerService.GetStats:input_type -> lbd.v1.GetStatsRequest
-	33, // 59: lbd.v1.LoadBalancerService.ListSocketTranslations:input_type -> lbd.v1.ListSocketTranslationsRequest
-	29, // 60: lbd.v1.LoadBalancerService.MonitorDatapath:input_type -> lbd.v1.MonitorDatapathRequest
-	37, // 61: lbd.v1.BgpService.CreateBgpPeer:input_type -> lbd.v1.CreateBgpPeerRequest
-	39, // 62: lbd.v1.BgpService.GetBgpPeer:input_type -> lbd.v1.GetBgpPeerRequest
-	41, // 63: lbd.v1.BgpService.ListBgpPeers:input_type -> lbd.v1.ListBgpPeersRequest
-	43, // 64: lbd.v1.BgpService.UpdateBgpPeer:input_type -> lbd.v1.UpdateBgpPeerRequest
-	45, // 65: lbd.v1.BgpService.DeleteBgpPeer:input_type -> lbd.v1.DeleteBgpPeerRequest
-	47, // 66: lbd.v1.BgpService.ListBgpRoutes:input_type -> lbd.v1.ListBgpRoutesRequest
-	49, // 67: lbd.v1.NodeService.GetNode:input_type -> lbd.v1.GetNodeRequest
-	51, // 68: lbd.v1.NodeService.DrainNode:input_type -> lbd.v1.DrainNodeRequest
-	53, // 69: lbd.v1.NodeService.UndrainNode:input_type -> lbd.v1.UndrainNodeRequest
-	55, // 70: lbd.v1.NodeService.DetachNode:input_type -> lbd.v1.DetachNodeRequest
-	57, // 71: lbd.v1.NodeService.VerifyNode:input_type -> lbd.v1.VerifyNodeRequest
-	3,  // 72: lbd.v1.LoadBalancerService.CreateService:output_type -> lbd.v1.CreateServiceResponse
-	5,  // 73: lbd.v1.LoadBalancerService.GetService:output_type -> lbd.v1.GetServiceResponse
-	7,  // 74: lbd.v1.LoadBalancerService.ListServices:output_type -> lbd.v1.ListServicesResponse
-	9,  // 75: lbd.v1.LoadBalancerService.UpdateService:output_type -> lbd.v1.UpdateServiceResponse
-	11, // 76: lbd.v1.LoadBalancerService.DeleteService:output_type -> lbd.v1.DeleteServiceResponse
-	13, // 77: lbd.v1.LoadBalancerService.ApplyServices:output_type -> lbd.v1.ApplyServicesResponse
-	16, // 78: lbd.v1.LoadBalancerService.WatchServices:output_type -> lbd.v1.WatchServicesResponse
-	18, // 79: lbd.v1.LoadBalancerService.CreateBackend:output_type -> lbd.v1.CreateBackendResponse
-	20, // 80: lbd.v1.LoadBalancerService.GetBackend:output_type -> lbd.v1.GetBackendResponse
-	22, // 81: lbd.v1.LoadBalancerService.ListBackends:output_type -> lbd.v1.ListBackendsResponse
-	24, // 82: lbd.v1.LoadBalancerService.UpdateBackend:output_type -> lbd.v1.UpdateBackendResponse
-	26, // 83: lbd.v1.LoadBalancerService.DeleteBackend:output_type -> lbd.v1.DeleteBackendResponse
-	28, // 84: lbd.v1.LoadBalancerService.TraceFlow:output_type -> lbd.v1.TraceFlowResponse
-	32, // 85: lbd.v1.LoadBalancerService.ListConnections:output_type -> lbd.v1.ListConnectionsResponse
-	36, // 86: lbd.v1.LoadBalancerService.GetStats:output_type -> lbd.v1.GetStatsResponse
-	34, // 87: lbd.v1.LoadBalancerService.ListSocketTranslations:output_type -> lbd.v1.ListSocketTranslationsResponse
-	30, // 88: lbd.v1.LoadBalancerService.MonitorDatapath:output_type -> lbd.v1.MonitorDatapathResponse
-	38, // 89: lbd.v1.BgpService.CreateBgpPeer:output_type -> lbd.v1.CreateBgpPeerResponse
-	40, // 90: lbd.v1.BgpService.GetBgpPeer:output_type -> lbd.v1.GetBgpPeerResponse
-	42, // 91: lbd.v1.BgpService.ListBgpPeers:output_type -> lbd.v1.ListBgpPeersResponse
-	44, // 92: lbd.v1.BgpService.UpdateBgpPeer:output_type -> lbd.v1.UpdateBgpPeerResponse
-	46, // 93: lbd.v1.BgpService.DeleteBgpPeer:output_type -> lbd.v1.DeleteBgpPeerResponse
-	48, // 94: lbd.v1.BgpService.ListBgpRoutes:output_type -> lbd.v1.ListBgpRoutesResponse
-	50, // 95: lbd.v1.NodeService.GetNode:output_type -> lbd.v1.GetNodeResponse
-	52, // 96: lbd.v1.NodeService.DrainNode:output_type -> lbd.v1.DrainNodeResponse
-	54, // 97: lbd.v1.NodeService.UndrainNode:output_type -> lbd.v1.UndrainNodeResponse
-	56, // 98: lbd.v1.NodeService.DetachNode:output_type -> lbd.v1.DetachNodeResponse
-	58, // 99: lbd.v1.NodeService.VerifyNode:output_type -> lbd.v1.VerifyNodeResponse
-	72, // [72:100] is the sub-list for method output_type
-	44, // [44:72] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	70, // 31: lbd.v1.GetStatsResponse.quic_routes:type_name -> lbd.v1.EventCounter
+	71, // 32: lbd.v1.CreateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
+	71, // 33: lbd.v1.CreateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
+	71, // 34: lbd.v1.GetBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
+	71, // 35: lbd.v1.ListBgpPeersResponse.peers:type_name -> lbd.v1.BgpPeer
+	71, // 36: lbd.v1.UpdateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
+	71, // 37: lbd.v1.UpdateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
+	72, // 38: lbd.v1.ListBgpRoutesResponse.routes:type_name -> lbd.v1.BgpRoute
+	73, // 39: lbd.v1.GetNodeResponse.node:type_name -> lbd.v1.Node
+	73, // 40: lbd.v1.DrainNodeResponse.node:type_name -> lbd.v1.Node
+	73, // 41: lbd.v1.UndrainNodeResponse.node:type_name -> lbd.v1.Node
+	73, // 42: lbd.v1.DetachNodeResponse.node:type_name -> lbd.v1.Node
+	74, // 43: lbd.v1.VerifyNodeResponse.repaired:type_name -> lbd.v1.Drift
+	73, // 44: lbd.v1.VerifyNodeResponse.node:type_name -> lbd.v1.Node
+	2,  // 45: lbd.v1.LoadBalancerService.CreateService:input_type -> lbd.v1.CreateServiceRequest
+	4,  // 46: lbd.v1.LoadBalancerService.GetService:input_type -> lbd.v1.GetServiceRequest
+	6,  // 47: lbd.v1.LoadBalancerService.ListServices:input_type -> lbd.v1.ListServicesRequest
+	8,  // 48: lbd.v1.LoadBalancerService.UpdateService:input_type -> lbd.v1.UpdateServiceRequest
+	10, // 49: lbd.v1.LoadBalancerService.DeleteService:input_type -> lbd.v1.DeleteServiceRequest
+	12, // 50: lbd.v1.LoadBalancerService.ApplyServices:input_type -> lbd.v1.ApplyServicesRequest
+	15, // 51: lbd.v1.LoadBalancerService.WatchServices:input_type -> lbd.v1.WatchServicesRequest
+	17, // 52: lbd.v1.LoadBalancerService.CreateBackend:input_type -> lbd.v1.CreateBackendRequest
+	19, // 53: lbd.v1.LoadBalancerService.GetBackend:input_type -> lbd.v1.GetBackendRequest
+	21, // 54: lbd.v1.LoadBalancerService.ListBackends:input_type -> lbd.v1.ListBackendsRequest
+	23, // 55: lbd.v1.LoadBalancerService.UpdateBackend:input_type -> lbd.v1.UpdateBackendRequest
+	25, // 56: lbd.v1.LoadBalancerService.DeleteBackend:input_type -> lbd.v1.DeleteBackendRequest
+	27, // 57: lbd.v1.LoadBalancerService.TraceFlow:input_type -> lbd.v1.TraceFlowRequest
+	31, // 58: lbd.v1.LoadBalancerService.ListConnections:input_type -> lbd.v1.ListConnectionsRequest
+	35, // 59: lbd.v1.LoadBalancerService.GetStats:input_type -> lbd.v1.GetStatsRequest
+	33, // 60: lbd.v1.LoadBalancerService.ListSocketTranslations:input_type -> lbd.v1.ListSocketTranslationsRequest
+	29, // 61: lbd.v1.LoadBalancerService.MonitorDatapath:input_type -> lbd.v1.MonitorDatapathRequest
+	37, // 62: lbd.v1.BgpService.CreateBgpPeer:input_type -> lbd.v1.CreateBgpPeerRequest
+	39, // 63: lbd.v1.BgpService.GetBgpPeer:input_type -> lbd.v1.GetBgpPeerRequest
+	41, // 64: lbd.v1.BgpService.ListBgpPeers:input_type -> lbd.v1.ListBgpPeersRequest
+	43, // 65: lbd.v1.BgpService.UpdateBgpPeer:input_type -> lbd.v1.UpdateBgpPeerRequest
+	45, // 66: lbd.v1.BgpService.DeleteBgpPeer:input_type -> lbd.v1.DeleteBgpPeerRequest
+	47, // 67: lbd.v1.BgpService.ListBgpRoutes:input_type -> lbd.v1.ListBgpRoutesRequest
+	49, // 68: lbd.v1.NodeService.GetNode:input_type -> lbd.v1.GetNodeRequest
+	51, // 69: lbd.v1.NodeService.DrainNode:input_type -> lbd.v1.DrainNodeRequest
+	53, // 70: lbd.v1.NodeService.UndrainNode:input_type -> lbd.v1.UndrainNodeRequest
+	55, // 71: lbd.v1.NodeService.DetachNode:input_type -> lbd.v1.DetachNodeRequest
+	57, // 72: lbd.v1.NodeService.VerifyNode:input_type -> lbd.v1.VerifyNodeRequest
+	3,  // 73: lbd.v1.LoadBalancerService.CreateService:output_type -> lbd.v1.CreateServiceResponse
+	5,  // 74: lbd.v1.LoadBalancerService.GetService:output_type -> lbd.v1.GetServiceResponse
+	7,  // 75: lbd.v1.LoadBalancerService.ListServices:output_type -> lbd.v1.ListServicesResponse
+	9,  // 76: lbd.v1.LoadBalancerService.UpdateService:output_type -> lbd.v1.UpdateServiceResponse
+	11, // 77: lbd.v1.LoadBalancerService.DeleteService:output_type -> lbd.v1.DeleteServiceResponse
+	13, // 78: lbd.v1.LoadBalancerService.ApplyServices:output_type -> lbd.v1.ApplyServicesResponse
+	16, // 79: lbd.v1.LoadBalancerService.WatchServices:output_type -> lbd.v1.WatchServicesResponse
+	18, // 80: lbd.v1.LoadBalancerService.CreateBackend:output_type -> lbd.v1.CreateBackendResponse
+	20, // 81: lbd.v1.LoadBalancerService.GetBackend:output_type -> lbd.v1.GetBackendResponse
+	22, // 82: lbd.v1.LoadBalancerService.ListBackends:output_type -> lbd.v1.ListBackendsResponse
+	24, // 83: lbd.v1.LoadBalancerService.UpdateBackend:output_type -> lbd.v1.UpdateBackendResponse
+	26, // 84: lbd.v1.LoadBalancerService.DeleteBackend:output_type -> lbd.v1.DeleteBackendResponse
+	28, // 85: lbd.v1.LoadBalancerService.TraceFlow:output_type -> lbd.v1.TraceFlowResponse
+	32, // 86: lbd.v1.LoadBalancerService.ListConnections:output_type -> lbd.v1.ListConnectionsResponse
+	36, // 87: lbd.v1.LoadBalancerService.GetStats:output_type -> lbd.v1.GetStatsResponse
+	34, // 88: lbd.v1.LoadBalancerService.ListSocketTranslations:output_type -> lbd.v1.ListSocketTranslationsResponse
+	30, // 89: lbd.v1.LoadBalancerService.MonitorDatapath:output_type -> lbd.v1.MonitorDatapathResponse
+	38, // 90: lbd.v1.BgpService.CreateBgpPeer:output_type -> lbd.v1.CreateBgpPeerResponse
+	40, // 91: lbd.v1.BgpService.GetBgpPeer:output_type -> lbd.v1.GetBgpPeerResponse
+	42, // 92: lbd.v1.BgpService.ListBgpPeers:output_type -> lbd.v1.ListBgpPeersResponse
+	44, // 93: lbd.v1.BgpService.UpdateBgpPeer:output_type -> lbd.v1.UpdateBgpPeerResponse
+	46, // 94: lbd.v1.BgpService.DeleteBgpPeer:output_type -> lbd.v1.DeleteBgpPeerResponse
+	48, // 95: lbd.v1.BgpService.ListBgpRoutes:output_type -> lbd.v1.ListBgpRoutesResponse
+	50, // 96: lbd.v1.NodeService.GetNode:output_type -> lbd.v1.GetNodeResponse
+	52, // 97: lbd.v1.NodeService.DrainNode:output_type -> lbd.v1.DrainNodeResponse
+	54, // 98: lbd.v1.NodeService.UndrainNode:output_type -> lbd.v1.UndrainNodeResponse
+	56, // 99: lbd.v1.NodeService.DetachNode:output_type -> lbd.v1.DetachNodeResponse
+	58, // 100: lbd.v1.NodeService.VerifyNode:output_type -> lbd.v1.VerifyNodeResponse
+	73, // [73:101] is the sub-list for method output_type
+	45, // [45:73] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_lbd_v1_api_proto_init() }

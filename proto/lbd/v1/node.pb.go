@@ -268,8 +268,8 @@ func (x *NextHop) GetManaged() bool {
 // Drift is one difference between the datapath and the desired state.
 type Drift struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// What differed: "service", "backend", "maglev_table", "source_range", "config",
-	// "attachment", ...
+	// What differed: "service", "backend", "maglev_table", "source_range",
+	// "quic_server_id", "config", "attachment", ...
 	Kind string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
 	// What it was and what it should be, in words.
 	Description   string `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`

@@ -551,8 +551,11 @@ type Service struct {
 	Status *ServiceStatus `protobuf:"bytes,16,opt,name=status,proto3" json:"status,omitempty"`
 	// Reset established flows of a backend that health checks mark down (default: keep them).
 	ResetFlowsOnBackendDown bool `protobuf:"varint,17,opt,name=reset_flows_on_backend_down,json=resetFlowsOnBackendDown,proto3" json:"reset_flows_on_backend_down,omitempty"`
-	unknownFields           protoimpl.UnknownFields
-	sizeCache               protoimpl.SizeCache
+	// UDP only: route QUIC packets by the server ID their connection ID carries, so that a
+	// connection survives a change of the client's address or port; absent means off.
+	Quic          *QuicRouting `protobuf:"bytes,18,opt,name=quic,proto3" json:"quic,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Service) Reset() {
@@ -704,6 +707,74 @@ func (x *Service) GetResetFlowsOnBackendDown() bool {
 	return false
 }
 
+func (x *Service) GetQuic() *QuicRouting {
+	if x != nil {
+		return x.Quic
+	}
+	return nil
+}
+
+// QuicRouting describes the connection IDs that a service's QUIC servers choose, in the
+// plaintext form of QUIC-LB (draft-ietf-quic-load-balancers): a first octet whose top three
+// bits are config_id, then the server ID (each backend's quic_server_id), then a nonce.
+// Short-header packets and long-header packets other than Initial and 0-RTT whose
+// destination connection ID has that form and names a backend of the service go to that
+// backend, whatever their 5-tuple; all others (Initial, 0-RTT, another config, an unknown
+// or removed server ID, a malformed ID) are balanced by the 5-tuple as usual.
+type QuicRouting struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The config rotation codepoint: 0-6 (7 marks unroutable IDs).
+	ConfigId uint32 `protobuf:"varint,1,opt,name=config_id,json=configId,proto3" json:"config_id,omitempty"`
+	// The length of a server ID in bytes: 1-15.
+	ServerIdLength uint32 `protobuf:"varint,2,opt,name=server_id_length,json=serverIdLength,proto3" json:"server_id_length,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *QuicRouting) Reset() {
+	*x = QuicRouting{}
+	mi := &file_lbd_v1_service_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuicRouting) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuicRouting) ProtoMessage() {}
+
+func (x *QuicRouting) ProtoReflect() protoreflect.Message {
+	mi := &file_lbd_v1_service_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuicRouting.ProtoReflect.Descriptor instead.
+func (*QuicRouting) Descriptor() ([]byte, []int) {
+	return file_lbd_v1_service_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *QuicRouting) GetConfigId() uint32 {
+	if x != nil {
+		return x.ConfigId
+	}
+	return 0
+}
+
+func (x *QuicRouting) GetServerIdLength() uint32 {
+	if x != nil {
+		return x.ServerIdLength
+	}
+	return 0
+}
+
 // SessionAffinity keeps a client on the same backend for a while.
 type SessionAffinity struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -715,7 +786,7 @@ type SessionAffinity struct {
 
 func (x *SessionAffinity) Reset() {
 	*x = SessionAffinity{}
-	mi := &file_lbd_v1_service_proto_msgTypes[1]
+	mi := &file_lbd_v1_service_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -727,7 +798,7 @@ func (x *SessionAffinity) String() string {
 func (*SessionAffinity) ProtoMessage() {}
 
 func (x *SessionAffinity) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_service_proto_msgTypes[1]
+	mi := &file_lbd_v1_service_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -740,7 +811,7 @@ func (x *SessionAffinity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionAffinity.ProtoReflect.Descriptor instead.
 func (*SessionAffinity) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_service_proto_rawDescGZIP(), []int{1}
+	return file_lbd_v1_service_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *SessionAffinity) GetTimeout() *durationpb.Duration {
@@ -776,7 +847,7 @@ type HealthCheck struct {
 
 func (x *HealthCheck) Reset() {
 	*x = HealthCheck{}
-	mi := &file_lbd_v1_service_proto_msgTypes[2]
+	mi := &file_lbd_v1_service_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -788,7 +859,7 @@ func (x *HealthCheck) String() string {
 func (*HealthCheck) ProtoMessage() {}
 
 func (x *HealthCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_service_proto_msgTypes[2]
+	mi := &file_lbd_v1_service_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -801,7 +872,7 @@ func (x *HealthCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthCheck.ProtoReflect.Descriptor instead.
 func (*HealthCheck) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_service_proto_rawDescGZIP(), []int{2}
+	return file_lbd_v1_service_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *HealthCheck) GetType() HealthCheckType {
@@ -903,13 +974,17 @@ type Backend struct {
 	// Output only. Whether this node can reach the backend's node (LB nodes); an
 	// unreachable backend takes no new flows here.
 	NodeReachability Reachability `protobuf:"varint,9,opt,name=node_reachability,json=nodeReachability,proto3,enum=lbd.v1.Reachability" json:"node_reachability,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The server ID this backend's QUIC server encodes in its connection IDs, exactly the
+	// service's quic.server_id_length bytes, unique within the service; empty: none (its
+	// connections are balanced by the 5-tuple only). Only for services with quic set.
+	QuicServerId  []byte `protobuf:"bytes,10,opt,name=quic_server_id,json=quicServerId,proto3" json:"quic_server_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Backend) Reset() {
 	*x = Backend{}
-	mi := &file_lbd_v1_service_proto_msgTypes[3]
+	mi := &file_lbd_v1_service_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -921,7 +996,7 @@ func (x *Backend) String() string {
 func (*Backend) ProtoMessage() {}
 
 func (x *Backend) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_service_proto_msgTypes[3]
+	mi := &file_lbd_v1_service_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -934,7 +1009,7 @@ func (x *Backend) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Backend.ProtoReflect.Descriptor instead.
 func (*Backend) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_service_proto_rawDescGZIP(), []int{3}
+	return file_lbd_v1_service_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Backend) GetAddress() string {
@@ -1000,6 +1075,13 @@ func (x *Backend) GetNodeReachability() Reachability {
 	return Reachability_REACHABILITY_UNSPECIFIED
 }
 
+func (x *Backend) GetQuicServerId() []byte {
+	if x != nil {
+		return x.QuicServerId
+	}
+	return nil
+}
+
 // BackendHealth is the output-only health of a backend.
 type BackendHealth struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1014,7 +1096,7 @@ type BackendHealth struct {
 
 func (x *BackendHealth) Reset() {
 	*x = BackendHealth{}
-	mi := &file_lbd_v1_service_proto_msgTypes[4]
+	mi := &file_lbd_v1_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1026,7 +1108,7 @@ func (x *BackendHealth) String() string {
 func (*BackendHealth) ProtoMessage() {}
 
 func (x *BackendHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_service_proto_msgTypes[4]
+	mi := &file_lbd_v1_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1039,7 +1121,7 @@ func (x *BackendHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackendHealth.ProtoReflect.Descriptor instead.
 func (*BackendHealth) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_service_proto_rawDescGZIP(), []int{4}
+	return file_lbd_v1_service_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *BackendHealth) GetState() HealthState {
@@ -1087,7 +1169,7 @@ type ServiceStatus struct {
 
 func (x *ServiceStatus) Reset() {
 	*x = ServiceStatus{}
-	mi := &file_lbd_v1_service_proto_msgTypes[5]
+	mi := &file_lbd_v1_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1099,7 +1181,7 @@ func (x *ServiceStatus) String() string {
 func (*ServiceStatus) ProtoMessage() {}
 
 func (x *ServiceStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_service_proto_msgTypes[5]
+	mi := &file_lbd_v1_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1112,7 +1194,7 @@ func (x *ServiceStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceStatus.ProtoReflect.Descriptor instead.
 func (*ServiceStatus) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_service_proto_rawDescGZIP(), []int{5}
+	return file_lbd_v1_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ServiceStatus) GetState() ServiceState {
@@ -1161,7 +1243,7 @@ var File_lbd_v1_service_proto protoreflect.FileDescriptor
 
 const file_lbd_v1_service_proto_rawDesc = "" +
 	"\n" +
-	"\x14lbd/v1/service.proto\x12\x06lbd.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd2\x05\n" +
+	"\x14lbd/v1/service.proto\x12\x06lbd.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfb\x05\n" +
 	"\aService\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03vip\x18\x02 \x01(\tR\x03vip\x12\x12\n" +
@@ -1180,7 +1262,11 @@ const file_lbd_v1_service_proto_rawDesc = "" +
 	"\x02id\x18\x0e \x01(\rR\x02id\x12\x1a\n" +
 	"\brevision\x18\x0f \x01(\x04R\brevision\x12-\n" +
 	"\x06status\x18\x10 \x01(\v2\x15.lbd.v1.ServiceStatusR\x06status\x12<\n" +
-	"\x1breset_flows_on_backend_down\x18\x11 \x01(\bR\x17resetFlowsOnBackendDown\"F\n" +
+	"\x1breset_flows_on_backend_down\x18\x11 \x01(\bR\x17resetFlowsOnBackendDown\x12'\n" +
+	"\x04quic\x18\x12 \x01(\v2\x13.lbd.v1.QuicRoutingR\x04quic\"T\n" +
+	"\vQuicRouting\x12\x1b\n" +
+	"\tconfig_id\x18\x01 \x01(\rR\bconfigId\x12(\n" +
+	"\x10server_id_length\x18\x02 \x01(\rR\x0eserverIdLength\"F\n" +
 	"\x0fSessionAffinity\x123\n" +
 	"\atimeout\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"\x9c\x03\n" +
 	"\vHealthCheck\x12+\n" +
@@ -1195,7 +1281,7 @@ const file_lbd_v1_service_proto_rawDesc = "" +
 	"\x13expected_status_max\x18\t \x01(\rR\x11expectedStatusMax\x12\x12\n" +
 	"\x04host\x18\n" +
 	" \x01(\tR\x04host\x120\n" +
-	"\x14insecure_skip_verify\x18\v \x01(\bR\x12insecureSkipVerify\"\xc1\x02\n" +
+	"\x14insecure_skip_verify\x18\v \x01(\bR\x12insecureSkipVerify\"\xe7\x02\n" +
 	"\aBackend\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\rR\x04port\x12!\n" +
@@ -1206,7 +1292,9 @@ const file_lbd_v1_service_proto_rawDesc = "" +
 	"\x06health\x18\a \x01(\v2\x15.lbd.v1.BackendHealthR\x06health\x12\x1f\n" +
 	"\vtable_slots\x18\b \x01(\rR\n" +
 	"tableSlots\x12A\n" +
-	"\x11node_reachability\x18\t \x01(\x0e2\x14.lbd.v1.ReachabilityR\x10nodeReachability\"\xed\x01\n" +
+	"\x11node_reachability\x18\t \x01(\x0e2\x14.lbd.v1.ReachabilityR\x10nodeReachability\x12$\n" +
+	"\x0equic_server_id\x18\n" +
+	" \x01(\fR\fquicServerId\"\xed\x01\n" +
 	"\rBackendHealth\x12)\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x13.lbd.v1.HealthStateR\x05state\x12\x1f\n" +
 	"\vlast_result\x18\x02 \x01(\tR\n" +
@@ -1279,7 +1367,7 @@ func file_lbd_v1_service_proto_rawDescGZIP() []byte {
 }
 
 var file_lbd_v1_service_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_lbd_v1_service_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_lbd_v1_service_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_lbd_v1_service_proto_goTypes = []any{
 	(Protocol)(0),                 // 0: lbd.v1.Protocol
 	(HashMode)(0),                 // 1: lbd.v1.HashMode
@@ -1291,40 +1379,42 @@ var file_lbd_v1_service_proto_goTypes = []any{
 	(Reachability)(0),             // 7: lbd.v1.Reachability
 	(ServiceState)(0),             // 8: lbd.v1.ServiceState
 	(*Service)(nil),               // 9: lbd.v1.Service
-	(*SessionAffinity)(nil),       // 10: lbd.v1.SessionAffinity
-	(*HealthCheck)(nil),           // 11: lbd.v1.HealthCheck
-	(*Backend)(nil),               // 12: lbd.v1.Backend
-	(*BackendHealth)(nil),         // 13: lbd.v1.BackendHealth
-	(*ServiceStatus)(nil),         // 14: lbd.v1.ServiceStatus
-	(*durationpb.Duration)(nil),   // 15: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
+	(*QuicRouting)(nil),           // 10: lbd.v1.QuicRouting
+	(*SessionAffinity)(nil),       // 11: lbd.v1.SessionAffinity
+	(*HealthCheck)(nil),           // 12: lbd.v1.HealthCheck
+	(*Backend)(nil),               // 13: lbd.v1.Backend
+	(*BackendHealth)(nil),         // 14: lbd.v1.BackendHealth
+	(*ServiceStatus)(nil),         // 15: lbd.v1.ServiceStatus
+	(*durationpb.Duration)(nil),   // 16: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
 }
 var file_lbd_v1_service_proto_depIdxs = []int32{
 	0,  // 0: lbd.v1.Service.protocol:type_name -> lbd.v1.Protocol
 	1,  // 1: lbd.v1.Service.hash_mode:type_name -> lbd.v1.HashMode
-	10, // 2: lbd.v1.Service.session_affinity:type_name -> lbd.v1.SessionAffinity
-	11, // 3: lbd.v1.Service.health_check:type_name -> lbd.v1.HealthCheck
+	11, // 2: lbd.v1.Service.session_affinity:type_name -> lbd.v1.SessionAffinity
+	12, // 3: lbd.v1.Service.health_check:type_name -> lbd.v1.HealthCheck
 	2,  // 4: lbd.v1.Service.no_backend_action:type_name -> lbd.v1.NoBackendAction
 	3,  // 5: lbd.v1.Service.advertise_policy:type_name -> lbd.v1.AdvertisePolicy
-	12, // 6: lbd.v1.Service.backends:type_name -> lbd.v1.Backend
-	14, // 7: lbd.v1.Service.status:type_name -> lbd.v1.ServiceStatus
-	15, // 8: lbd.v1.SessionAffinity.timeout:type_name -> google.protobuf.Duration
-	4,  // 9: lbd.v1.HealthCheck.type:type_name -> lbd.v1.HealthCheckType
-	15, // 10: lbd.v1.HealthCheck.interval:type_name -> google.protobuf.Duration
-	15, // 11: lbd.v1.HealthCheck.timeout:type_name -> google.protobuf.Duration
-	5,  // 12: lbd.v1.Backend.state:type_name -> lbd.v1.BackendState
-	13, // 13: lbd.v1.Backend.health:type_name -> lbd.v1.BackendHealth
-	7,  // 14: lbd.v1.Backend.node_reachability:type_name -> lbd.v1.Reachability
-	6,  // 15: lbd.v1.BackendHealth.state:type_name -> lbd.v1.HealthState
-	16, // 16: lbd.v1.BackendHealth.last_check_time:type_name -> google.protobuf.Timestamp
-	16, // 17: lbd.v1.BackendHealth.last_transition_time:type_name -> google.protobuf.Timestamp
-	8,  // 18: lbd.v1.ServiceStatus.state:type_name -> lbd.v1.ServiceState
-	16, // 19: lbd.v1.ServiceStatus.update_time:type_name -> google.protobuf.Timestamp
-	20, // [20:20] is the sub-list for method output_type
-	20, // [20:20] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	13, // 6: lbd.v1.Service.backends:type_name -> lbd.v1.Backend
+	15, // 7: lbd.v1.Service.status:type_name -> lbd.v1.ServiceStatus
+	10, // 8: lbd.v1.Service.quic:type_name -> lbd.v1.QuicRouting
+	16, // 9: lbd.v1.SessionAffinity.timeout:type_name -> google.protobuf.Duration
+	4,  // 10: lbd.v1.HealthCheck.type:type_name -> lbd.v1.HealthCheckType
+	16, // 11: lbd.v1.HealthCheck.interval:type_name -> google.protobuf.Duration
+	16, // 12: lbd.v1.HealthCheck.timeout:type_name -> google.protobuf.Duration
+	5,  // 13: lbd.v1.Backend.state:type_name -> lbd.v1.BackendState
+	14, // 14: lbd.v1.Backend.health:type_name -> lbd.v1.BackendHealth
+	7,  // 15: lbd.v1.Backend.node_reachability:type_name -> lbd.v1.Reachability
+	6,  // 16: lbd.v1.BackendHealth.state:type_name -> lbd.v1.HealthState
+	17, // 17: lbd.v1.BackendHealth.last_check_time:type_name -> google.protobuf.Timestamp
+	17, // 18: lbd.v1.BackendHealth.last_transition_time:type_name -> google.protobuf.Timestamp
+	8,  // 19: lbd.v1.ServiceStatus.state:type_name -> lbd.v1.ServiceState
+	17, // 20: lbd.v1.ServiceStatus.update_time:type_name -> google.protobuf.Timestamp
+	21, // [21:21] is the sub-list for method output_type
+	21, // [21:21] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_lbd_v1_service_proto_init() }
@@ -1338,7 +1428,7 @@ func file_lbd_v1_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lbd_v1_service_proto_rawDesc), len(file_lbd_v1_service_proto_rawDesc)),
 			NumEnums:      9,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
