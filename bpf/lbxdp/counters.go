@@ -232,15 +232,24 @@ type CTEventCount struct {
 func (d *Datapath) ConntrackEvents() ([]CTEventCount, error) {
 	out := make([]CTEventCount, 0, ctEvents)
 	for e := range ctKernelEvents {
-		var per []uint64
-		if err := d.objs.LbCtStats.Lookup(uint32(e), &per); err != nil {
+		n, err := sumEvents(d.objs.LbCtStats, uint32(e))
+		if err != nil {
 			return nil, fmt.Errorf("read conntrack event %v: %w", e, err)
-		}
-		var n uint64
-		for _, p := range per {
-			n += p
 		}
 		out = append(out, CTEventCount{e, n})
 	}
 	return append(out, CTEventCount{CTReclaimed, d.ctReclaimed.Load()}), nil
+}
+
+// sumEvents reads one entry of a per-CPU array of event counts, summed over the CPUs.
+func sumEvents(m *ebpf.Map, key uint32) (uint64, error) {
+	var per []uint64
+	if err := m.Lookup(key, &per); err != nil {
+		return 0, err
+	}
+	var n uint64
+	for _, p := range per {
+		n += p
+	}
+	return n, nil
 }

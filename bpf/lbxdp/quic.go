@@ -131,13 +131,9 @@ type QUICRouteCount struct {
 func (d *Datapath) QUICRoutes() ([]QUICRouteCount, error) {
 	out := make([]QUICRouteCount, 0, quicRoutes-1)
 	for r := QUICRouted; r < quicRoutes; r++ {
-		var per []uint64
-		if err := d.objs.LbQuicStats.Lookup(uint32(r), &per); err != nil {
+		n, err := sumEvents(d.objs.LbQuicStats, uint32(r))
+		if err != nil {
 			return nil, fmt.Errorf("read QUIC counters: %w", err)
-		}
-		var n uint64
-		for _, v := range per {
-			n += v
 		}
 		out = append(out, QUICRouteCount{r, n})
 	}
