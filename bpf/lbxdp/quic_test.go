@@ -201,3 +201,43 @@ func TestQUICConfigChecked(t *testing.T) {
 		t.Error("a 16-byte server ID accepted")
 	}
 }
+
+// TestQUICRoutingIPv6: an IPv6 service's short headers and Handshakes go to the backend
+// their server ID names; a server ID naming a backend of the other family falls back.
+func TestQUICRoutingIPv6(t *testing.T) {
+	e := newEnv(t)
+	e.addBackend(t, 1, "198.18.20.1", quicPort, "198.18.10.1")
+	e.addBackend(t, 3, "2001:db8:20::3", quicPort, "2001:db8:10::3")
+	e.addBackend(t, 4, "2001:db8:20::4", quicPort, "2001:db8:10::4")
+	e.addService(t, svcSetup{ServiceKey{vip6, quicPort, ProtoUDP}, Service{ID: 1, QUIC: quicCfg}, []uint32{3}})
+	for sid, be := range map[string]uint32{string(sidA): 1, string(sidB): 4} {
+		if err := e.d.SetQUICServerID(1, []byte(sid), be); err != nil {
+			t.Fatal(err)
+		}
+	}
+	packet := func(sport uint16, payload []byte) pktgen.Packet {
+		return pktgen.Packet{Src: client6, Dst: vip6, SrcPort: sport, DstPort: quicPort, Proto: ProtoUDP, Payload: payload}
+	}
+	for _, c := range []struct {
+		name    string
+		payload []byte
+		want    netip.Addr
+		route   QUICRoute
+	}{
+		{"short header", quicShort(quicCID(1, sidB)), be6B, QUICRouted},
+		{"handshake", quicLong(1, 2, quicCID(1, sidB)), be6B, QUICRouted},
+		{"initial", quicLong(1, 0, quicCID(1, sidB)), be6A, QUICClientCID},
+		{"an IPv4 backend's server ID", quicShort(quicCID(1, sidA)), be6A, QUICUnknownID},
+	} {
+		for sport := uint16(50000); sport < 50004; sport++ {
+			p := packet(sport, c.payload)
+			tr, err := e.d.TraceResult(p.Frame(), e.ifA)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := e.sendTo(t, p); got != c.want || tr.QUIC != c.route {
+				t.Errorf("%s from port %d: went to %v (route %v), want %v (%v)", c.name, sport, got, tr.QUIC, c.want, c.route)
+			}
+		}
+	}
+}
