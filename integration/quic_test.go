@@ -179,11 +179,16 @@ func (c *quicClient) ask(req string, timeout time.Duration) (string, error) {
 }
 
 // rebindClients changes the source port of every UDP flow from the client to the VIP,
-// as a NAT that lost its mappings would: an nftables SNAT to new ports, and the
-// namespace's conntrack flushed so that established flows take it too.
+// as a NAT that lost its mappings would: an nftables SNAT to new ports, the
+// namespace's conntrack flushed so that established flows take it too, and what the
+// servers still send to the former ports dropped before conntrack sees it (a packet
+// from the server first would make an entry without the SNAT, for the flow's life).
 func rebindClients(t *testing.T, ns *testnet.NS, vip netip.Addr, ports string) {
 	t.Helper()
 	ns.Exec(t, "nft", "add table ip lbdrebind")
+	ns.Exec(t, "nft", "add chain ip lbdrebind pre { type filter hook prerouting priority raw ; }")
+	ns.Exec(t, "nft", fmt.Sprintf("add rule ip lbdrebind pre ip saddr %s udp sport { %d, %d } udp dport != %s drop",
+		vip, quicPort, quicPlainPort, ports))
 	ns.Exec(t, "nft", "add chain ip lbdrebind post { type nat hook postrouting priority srcnat ; }")
 	ns.Exec(t, "nft", fmt.Sprintf("add rule ip lbdrebind post ip daddr %s udp dport { %d, %d } snat ip to %s:%s",
 		vip, quicPort, quicPlainPort, client4, ports))
