@@ -129,6 +129,11 @@ func (m *Manager) Ready() (bool, string) {
 	return true, "datapath attached and in line with the desired state"
 }
 
+// Synced is closed once the first Sync has brought the LB maps in line with the desired
+// state: what readiness waits for once the programs are attached. A node without LB
+// maps has nothing to sync, and it is never closed.
+func (m *Manager) Synced() <-chan struct{} { return m.syncedCh }
+
 // attachment reports whether every program is attached, and why not. Caller holds mu.
 func (m *Manager) attachment() (bool, string) {
 	if !m.attached {

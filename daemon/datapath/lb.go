@@ -510,7 +510,10 @@ func (m *Manager) Sync(_ context.Context, svcs []*lbdv1.Service) (map[string]map
 		return nil, err
 	}
 	m.orphans = nil
-	m.synced = true
+	if !m.synced {
+		m.synced = true
+		close(m.syncedCh)
+	}
 	m.log.Info("datapath maps synced", "op", "sync", "services", len(svcs),
 		"writes", m.lb.Writes()-writes, "took", time.Since(start))
 	return out, nil

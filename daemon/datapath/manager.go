@@ -96,11 +96,13 @@ type Manager struct {
 	attaches map[string]attachSpec // how to attach each link again
 	attached bool                  // false once detached on purpose (Detach)
 	synced   bool                  // the first Sync has written the desired state
-	ifindex  int                   // first uplink, for traces
-	locks    []*lock.Held          // bpffs directory and interfaces (own.go)
-	nh       *nexthop.Tracker      // LB role: next hops toward backend nodes
-	drift    map[string]uint64     // repairs by kind (verify.go)
-	lbConfig lbxdp.Config          // LB role: the configuration the maps must hold
+	// syncedCh is closed when synced becomes true (Synced).
+	syncedCh chan struct{}
+	ifindex  int               // first uplink, for traces
+	locks    []*lock.Held      // bpffs directory and interfaces (own.go)
+	nh       *nexthop.Tracker  // LB role: next hops toward backend nodes
+	drift    map[string]uint64 // repairs by kind (verify.go)
+	lbConfig lbxdp.Config      // LB role: the configuration the maps must hold
 
 	// LB role: what the maps hold, by service ID (see lb.go).
 	programmed map[uint32]*programmed
@@ -157,7 +159,8 @@ func Open(cfg Config, log hclog.Logger) (*Manager, error) {
 		return nil, err
 	}
 	m := &Manager{cfg: cfg, log: log, links: map[string]link.Link{}, attaches: map[string]attachSpec{},
-		programmed: map[uint32]*programmed{}, drift: map[string]uint64{}, nodes: map[netip.Addr]int{}}
+		programmed: map[uint32]*programmed{}, drift: map[string]uint64{}, nodes: map[netip.Addr]int{},
+		syncedCh: make(chan struct{})}
 	var lockIfaces []string
 	if cfg.LB || cfg.Backend {
 		lockIfaces = cfg.Interfaces

@@ -255,6 +255,11 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 // writes nothing and reports the same shares.
 func TestScale(t *testing.T) {
 	s := newScaleNode(t, 1000, 0)
+	select {
+	case <-s.m.Synced():
+	default:
+		t.Fatal("Synced is not closed after the first sync")
+	}
 	s.checkTables(t)
 	mem := s.memory(t)
 	for _, svc := range s.svcs[:10] {

@@ -234,10 +234,13 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 		runFleet(ctx, &workers, fs, st, name, registration(st, dp, dcfg.LB || dcfg.SocketLB, ready, log), fleetErr, log)
 	}
 	defer srv.remove()
+	// readyChanged wakes serveHealth when the first sync is done: a restarted node says
+	// so at once rather than at its next look.
+	readyChanged := make(chan struct{}, 1)
 	workers.Add(1)
 	go func() {
 		defer workers.Done()
-		serveHealth(ctx, srv.health, srv.unix, ready)
+		serveHealth(ctx, srv.health, srv.unix, ready, readyChanged, healthPoll)
 	}()
 	workers.Go(func() { notifySystemd(ctx, notifier, log.Named("systemd"), ready, st, stopped, cfg.API.Socket) })
 
@@ -259,6 +262,13 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 		dp.set(mgr)
 		log.Info("datapath open", "op", "start", "took", time.Since(start))
 		startWorkers(ctx, &workers, st, mgr, met, dcfg.LB || dcfg.SocketLB, stopped, log)
+		workers.Go(func() {
+			select {
+			case <-mgr.Synced():
+				readyChanged <- struct{}{}
+			case <-ctx.Done():
+			}
+		})
 		startBGP()
 	}
 

@@ -185,13 +185,14 @@ const healthPoll = 500 * time.Millisecond
 
 // serveHealth keeps grpc.health.v1 in line with the node's readiness until ctx ends:
 // SERVING for the whole server ("") and every service while ready, NOT_SERVING while
-// the datapath is detached or not yet in line with the desired state.
-func serveHealth(ctx context.Context, hs *health.Server, srv *grpc.Server, ready func() (bool, string)) {
+// the datapath is detached or not yet in line with the desired state. It looks every
+// poll (healthPoll), and at once when changed receives (the first sync done).
+func serveHealth(ctx context.Context, hs *health.Server, srv *grpc.Server, ready func() (bool, string), changed <-chan struct{}, poll time.Duration) {
 	names := []string{""}
 	for name := range srv.GetServiceInfo() {
 		names = append(names, name)
 	}
-	t := time.NewTicker(healthPoll)
+	t := time.NewTicker(poll)
 	defer t.Stop()
 	for {
 		st := healthpb.HealthCheckResponse_NOT_SERVING
@@ -205,6 +206,7 @@ func serveHealth(ctx context.Context, hs *health.Server, srv *grpc.Server, ready
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-changed:
 		}
 	}
 }
