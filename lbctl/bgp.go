@@ -28,11 +28,19 @@ func (a *app) bgpCommand() *cobra.Command {
 }
 
 func (a *app) bgpPeersCommand() *cobra.Command {
-	return &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "peers",
 		Short: "List BGP peers and their sessions, sorted by address",
-		Args:  exactArgs(),
+		Long: `List BGP peers and their sessions, sorted by address. With -w, then print a peer
+again whenever its session changes state (or the peer is added, changed or deleted),
+until interrupted: in JSON, one WatchBgpPeersResponse per line; in YAML, one document
+each.`,
+		Example: "  lbctl bgp peers\n  lbctl bgp peers -w",
+		Args:    exactArgs(),
 		RunE: a.run(func(ctx context.Context, _ *cobra.Command, _ []string) error {
+			if a.watching {
+				return a.bgpPeersWatch(ctx)
+			}
 			bc, err := a.bgp()
 			if err != nil {
 				return err
@@ -45,6 +53,8 @@ func (a *app) bgpPeersCommand() *cobra.Command {
 			return a.print(resp, func(w io.Writer) { a.writePeerTable(w, resp.Peers) })
 		}),
 	}
+	a.addWatchFlag(cmd)
+	return cmd
 }
 
 func (a *app) bgpRoutesCommand() *cobra.Command {
@@ -93,17 +103,24 @@ func (a *app) bgpRoutesCommand() *cobra.Command {
 // not up. UP/DOWN is how long the session has been in its current up or down state.
 func (a *app) writePeerTable(w io.Writer, ps []*lbdv1.BgpPeer) {
 	t := newTable(w)
-	row(t, "PEER", "AS", "UP/DOWN", "STATE", "#RECEIVED", "#ACCEPTED", "#ADVERTISED", "REASON")
+	row(t, peerHeader...)
 	for _, p := range ps {
-		st := p.GetStatus()
-		since := "never"
-		if st.GetSinceTime() != nil {
-			since = formatAge(a.now().Sub(st.GetSinceTime().AsTime()))
-		}
-		row(t, p.Address, p.PeerAs, since, label(st.GetState(), "unknown"),
-			st.GetReceivedRoutes(), st.GetAcceptedRoutes(), st.GetAdvertisedRoutes(), dash(st.GetReason()))
+		row(t, a.peerCells(p)...)
 	}
 	t.Flush()
+}
+
+var peerHeader = []any{"PEER", "AS", "UP/DOWN", "STATE", "#RECEIVED", "#ACCEPTED", "#ADVERTISED", "REASON"}
+
+// peerCells is a peer's row of the peer table.
+func (a *app) peerCells(p *lbdv1.BgpPeer) []any {
+	st := p.GetStatus()
+	since := "never"
+	if st.GetSinceTime() != nil {
+		since = formatAge(a.now().Sub(st.GetSinceTime().AsTime()))
+	}
+	return []any{p.Address, p.PeerAs, since, label(st.GetState(), "unknown"),
+		st.GetReceivedRoutes(), st.GetAcceptedRoutes(), st.GetAdvertisedRoutes(), dash(st.GetReason())}
 }
 
 func (a *app) bgpPeerAddCommand() *cobra.Command {

@@ -56,16 +56,8 @@ func (a *app) watchServices(ctx context.Context, owner string, keep func(*lbdv1.
 	stale := false
 	for {
 		ev, err := stream.Recv()
-		switch {
-		case err == nil:
-		case errors.Is(err, io.EOF):
-			return status.Error(codes.Unavailable, "lbd ended the watch")
-		case status.Code(err) == codes.DeadlineExceeded && hasDeadline(ctx):
-			// The explicit --timeout passed; lbd, which was told the deadline, may
-			// have ended the stream a moment before ctx itself expired.
-			return nil
-		default:
-			return err
+		if err != nil {
+			return watchEnded(ctx, err)
 		}
 		// Streams bypass the interceptor that notes answers: an UNAVAILABLE from here
 		// on comes from lbd, not from failing to reach it.
@@ -101,6 +93,19 @@ func (a *app) warnWatchStale(was bool, reason string) bool {
 		fmt.Fprintln(a.opts.stderr, "lbctl: no longer stale: lbd follows its fleet's services again")
 	}
 	return reason != ""
+}
+
+// watchEnded is what a watch returns for the error its stream's Recv gave: none when
+// ctx reached an explicit --timeout (lbd, which was told the deadline, may have ended
+// the stream a moment before ctx itself expired), UNAVAILABLE when lbd ended it.
+func watchEnded(ctx context.Context, err error) error {
+	switch {
+	case errors.Is(err, io.EOF):
+		return status.Error(codes.Unavailable, "lbd ended the watch")
+	case status.Code(err) == codes.DeadlineExceeded && hasDeadline(ctx):
+		return nil
+	}
+	return err
 }
 
 // printEvent prints one watch event as JSON (one line per event) or YAML (one document

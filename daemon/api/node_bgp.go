@@ -154,16 +154,9 @@ func (s *Server) GetBgpPeer(ctx context.Context, r *lbdv1.GetBgpPeerRequest) (*l
 
 // ListBgpPeers implements lbdv1.BgpServiceServer.
 func (s *Server) ListBgpPeers(ctx context.Context, _ *lbdv1.ListBgpPeersRequest) (*lbdv1.ListBgpPeersResponse, error) {
-	if s.opts.BGP != nil {
-		peers, err := s.opts.BGP.Peers(ctx)
-		if err != nil {
-			return nil, status.Errorf(codes.Internal, "list peers: %v", err)
-		}
-		return &lbdv1.ListBgpPeersResponse{Peers: peers}, nil
-	}
-	peers := s.st.ListBgpPeers()
-	for _, p := range peers {
-		withPeerStatus(p)
+	peers, err := s.listPeers(ctx)
+	if err != nil {
+		return nil, err
 	}
 	return &lbdv1.ListBgpPeersResponse{Peers: peers}, nil
 }

@@ -36,8 +36,8 @@ func StartWithDatapath(t testing.TB, lim store.Limits, dp api.Datapath) *Server 
 	return StartWithOptions(t, lim, api.Options{Datapath: dp})
 }
 
-// StartWithOptions serves the API with opts (datapath, BGP); the store, logger and
-// version are set here.
+// StartWithOptions serves the API with opts (datapath, BGP); the logger and version are
+// set here, and the store unless opts has one (which the caller then closes).
 func StartWithOptions(t testing.TB, lim store.Limits, opts api.Options) *Server {
 	t.Helper()
 	// Unix socket paths are limited to 108 bytes; t.TempDir can be longer.
@@ -46,9 +46,11 @@ func StartWithOptions(t testing.TB, lim store.Limits, opts api.Options) *Server 
 		t.Fatalf("create socket dir: %v", err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	st, err := store.Open(store.Options{Path: filepath.Join(t.TempDir(), "state.pb"), Limits: lim})
-	if err != nil {
-		t.Fatalf("open store: %v", err)
+	st, ownStore := opts.Store, opts.Store == nil
+	if ownStore {
+		if st, err = store.Open(store.Options{Path: filepath.Join(t.TempDir(), "state.pb"), Limits: lim}); err != nil {
+			t.Fatalf("open store: %v", err)
+		}
 	}
 	sock := filepath.Join(dir, "lbd.sock")
 	ln, err := net.Listen("unix", sock)
@@ -61,7 +63,9 @@ func StartWithOptions(t testing.TB, lim store.Limits, opts api.Options) *Server 
 	go func() { _ = g.Serve(ln) }() // returns when Stop is called below
 	t.Cleanup(func() {
 		g.Stop()
-		st.Close()
+		if ownStore {
+			st.Close()
+		}
 	})
 	return &Server{Addr: "unix://" + sock, Socket: sock, Store: st}
 }

@@ -69,6 +69,7 @@ var methods = map[string]Access{
 	lbdv1.BgpService_CreateBgpPeer_FullMethodName:                          Admin,
 	lbdv1.BgpService_GetBgpPeer_FullMethodName:                             Read,
 	lbdv1.BgpService_ListBgpPeers_FullMethodName:                           Read,
+	lbdv1.BgpService_WatchBgpPeers_FullMethodName:                          Read,
 	lbdv1.BgpService_UpdateBgpPeer_FullMethodName:                          Admin,
 	lbdv1.BgpService_DeleteBgpPeer_FullMethodName:                          Admin,
 	lbdv1.BgpService_ListBgpRoutes_FullMethodName:                          Read,

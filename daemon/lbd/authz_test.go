@@ -52,7 +52,7 @@ var allowedRoles = func() map[string][]string {
 	}
 	// The table's UpdateBackend names only the weight: operators may.
 	m["/lbd.v1.LoadBalancerService/UpdateBackend"] = []string{"operator", "writer", "admin"}
-	for _, rpc := range []string{"GetBgpPeer", "ListBgpPeers", "ListBgpRoutes"} {
+	for _, rpc := range []string{"GetBgpPeer", "ListBgpPeers", "WatchBgpPeers", "ListBgpRoutes"} {
 		m["/lbd.v1.BgpService/"+rpc] = read
 	}
 	for _, rpc := range []string{"CreateBgpPeer", "UpdateBgpPeer", "DeleteBgpPeer"} {

@@ -2442,6 +2442,95 @@ func (x *ListBgpPeersResponse) GetPeers() []*BgpPeer {
 	return nil
 }
 
+type WatchBgpPeersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchBgpPeersRequest) Reset() {
+	*x = WatchBgpPeersRequest{}
+	mi := &file_lbd_v1_api_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchBgpPeersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchBgpPeersRequest) ProtoMessage() {}
+
+func (x *WatchBgpPeersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_lbd_v1_api_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchBgpPeersRequest.ProtoReflect.Descriptor instead.
+func (*WatchBgpPeersRequest) Descriptor() ([]byte, []int) {
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{41}
+}
+
+type WatchBgpPeersResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Type  WatchEventType         `protobuf:"varint,1,opt,name=type,proto3,enum=lbd.v1.WatchEventType" json:"type,omitempty"`
+	// The peer after the change (before it, for DELETED); absent for SYNCED.
+	Peer          *BgpPeer `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchBgpPeersResponse) Reset() {
+	*x = WatchBgpPeersResponse{}
+	mi := &file_lbd_v1_api_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchBgpPeersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchBgpPeersResponse) ProtoMessage() {}
+
+func (x *WatchBgpPeersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_lbd_v1_api_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchBgpPeersResponse.ProtoReflect.Descriptor instead.
+func (*WatchBgpPeersResponse) Descriptor() ([]byte, []int) {
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *WatchBgpPeersResponse) GetType() WatchEventType {
+	if x != nil {
+		return x.Type
+	}
+	return WatchEventType_WATCH_EVENT_TYPE_UNSPECIFIED
+}
+
+func (x *WatchBgpPeersResponse) GetPeer() *BgpPeer {
+	if x != nil {
+		return x.Peer
+	}
+	return nil
+}
+
 type UpdateBgpPeerRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Peer          *BgpPeer               `protobuf:"bytes,1,opt,name=peer,proto3" json:"peer,omitempty"`
@@ -2451,7 +2540,7 @@ type UpdateBgpPeerRequest struct {
 
 func (x *UpdateBgpPeerRequest) Reset() {
 	*x = UpdateBgpPeerRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[41]
+	mi := &file_lbd_v1_api_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2463,7 +2552,7 @@ func (x *UpdateBgpPeerRequest) String() string {
 func (*UpdateBgpPeerRequest) ProtoMessage() {}
 
 func (x *UpdateBgpPeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[41]
+	mi := &file_lbd_v1_api_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2476,7 +2565,7 @@ func (x *UpdateBgpPeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateBgpPeerRequest.ProtoReflect.Descriptor instead.
 func (*UpdateBgpPeerRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{41}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *UpdateBgpPeerRequest) GetPeer() *BgpPeer {
@@ -2495,7 +2584,7 @@ type UpdateBgpPeerResponse struct {
 
 func (x *UpdateBgpPeerResponse) Reset() {
 	*x = UpdateBgpPeerResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[42]
+	mi := &file_lbd_v1_api_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2507,7 +2596,7 @@ func (x *UpdateBgpPeerResponse) String() string {
 func (*UpdateBgpPeerResponse) ProtoMessage() {}
 
 func (x *UpdateBgpPeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[42]
+	mi := &file_lbd_v1_api_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2520,7 +2609,7 @@ func (x *UpdateBgpPeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateBgpPeerResponse.ProtoReflect.Descriptor instead.
 func (*UpdateBgpPeerResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{42}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *UpdateBgpPeerResponse) GetPeer() *BgpPeer {
@@ -2539,7 +2628,7 @@ type DeleteBgpPeerRequest struct {
 
 func (x *DeleteBgpPeerRequest) Reset() {
 	*x = DeleteBgpPeerRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[43]
+	mi := &file_lbd_v1_api_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2551,7 +2640,7 @@ func (x *DeleteBgpPeerRequest) String() string {
 func (*DeleteBgpPeerRequest) ProtoMessage() {}
 
 func (x *DeleteBgpPeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[43]
+	mi := &file_lbd_v1_api_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2564,7 +2653,7 @@ func (x *DeleteBgpPeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBgpPeerRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBgpPeerRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{43}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *DeleteBgpPeerRequest) GetAddress() string {
@@ -2582,7 +2671,7 @@ type DeleteBgpPeerResponse struct {
 
 func (x *DeleteBgpPeerResponse) Reset() {
 	*x = DeleteBgpPeerResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[44]
+	mi := &file_lbd_v1_api_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2594,7 +2683,7 @@ func (x *DeleteBgpPeerResponse) String() string {
 func (*DeleteBgpPeerResponse) ProtoMessage() {}
 
 func (x *DeleteBgpPeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[44]
+	mi := &file_lbd_v1_api_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2607,7 +2696,7 @@ func (x *DeleteBgpPeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBgpPeerResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBgpPeerResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{44}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{46}
 }
 
 type ListBgpRoutesRequest struct {
@@ -2618,7 +2707,7 @@ type ListBgpRoutesRequest struct {
 
 func (x *ListBgpRoutesRequest) Reset() {
 	*x = ListBgpRoutesRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[45]
+	mi := &file_lbd_v1_api_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2630,7 +2719,7 @@ func (x *ListBgpRoutesRequest) String() string {
 func (*ListBgpRoutesRequest) ProtoMessage() {}
 
 func (x *ListBgpRoutesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[45]
+	mi := &file_lbd_v1_api_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2643,7 +2732,7 @@ func (x *ListBgpRoutesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBgpRoutesRequest.ProtoReflect.Descriptor instead.
 func (*ListBgpRoutesRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{45}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{47}
 }
 
 type ListBgpRoutesResponse struct {
@@ -2658,7 +2747,7 @@ type ListBgpRoutesResponse struct {
 
 func (x *ListBgpRoutesResponse) Reset() {
 	*x = ListBgpRoutesResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[46]
+	mi := &file_lbd_v1_api_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2670,7 +2759,7 @@ func (x *ListBgpRoutesResponse) String() string {
 func (*ListBgpRoutesResponse) ProtoMessage() {}
 
 func (x *ListBgpRoutesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[46]
+	mi := &file_lbd_v1_api_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2683,7 +2772,7 @@ func (x *ListBgpRoutesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBgpRoutesResponse.ProtoReflect.Descriptor instead.
 func (*ListBgpRoutesResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{46}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ListBgpRoutesResponse) GetRoutes() []*BgpRoute {
@@ -2708,7 +2797,7 @@ type GetNodeRequest struct {
 
 func (x *GetNodeRequest) Reset() {
 	*x = GetNodeRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[47]
+	mi := &file_lbd_v1_api_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2720,7 +2809,7 @@ func (x *GetNodeRequest) String() string {
 func (*GetNodeRequest) ProtoMessage() {}
 
 func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[47]
+	mi := &file_lbd_v1_api_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2733,7 +2822,7 @@ func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeRequest.ProtoReflect.Descriptor instead.
 func (*GetNodeRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{47}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{49}
 }
 
 type GetNodeResponse struct {
@@ -2745,7 +2834,7 @@ type GetNodeResponse struct {
 
 func (x *GetNodeResponse) Reset() {
 	*x = GetNodeResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[48]
+	mi := &file_lbd_v1_api_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2757,7 +2846,7 @@ func (x *GetNodeResponse) String() string {
 func (*GetNodeResponse) ProtoMessage() {}
 
 func (x *GetNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[48]
+	mi := &file_lbd_v1_api_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2770,7 +2859,7 @@ func (x *GetNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeResponse.ProtoReflect.Descriptor instead.
 func (*GetNodeResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{48}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *GetNodeResponse) GetNode() *Node {
@@ -2788,7 +2877,7 @@ type DrainNodeRequest struct {
 
 func (x *DrainNodeRequest) Reset() {
 	*x = DrainNodeRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[49]
+	mi := &file_lbd_v1_api_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2800,7 +2889,7 @@ func (x *DrainNodeRequest) String() string {
 func (*DrainNodeRequest) ProtoMessage() {}
 
 func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[49]
+	mi := &file_lbd_v1_api_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2813,7 +2902,7 @@ func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeRequest.ProtoReflect.Descriptor instead.
 func (*DrainNodeRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{49}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{51}
 }
 
 type DrainNodeResponse struct {
@@ -2825,7 +2914,7 @@ type DrainNodeResponse struct {
 
 func (x *DrainNodeResponse) Reset() {
 	*x = DrainNodeResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[50]
+	mi := &file_lbd_v1_api_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2837,7 +2926,7 @@ func (x *DrainNodeResponse) String() string {
 func (*DrainNodeResponse) ProtoMessage() {}
 
 func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[50]
+	mi := &file_lbd_v1_api_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2850,7 +2939,7 @@ func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeResponse.ProtoReflect.Descriptor instead.
 func (*DrainNodeResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{50}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *DrainNodeResponse) GetNode() *Node {
@@ -2868,7 +2957,7 @@ type UndrainNodeRequest struct {
 
 func (x *UndrainNodeRequest) Reset() {
 	*x = UndrainNodeRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[51]
+	mi := &file_lbd_v1_api_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2880,7 +2969,7 @@ func (x *UndrainNodeRequest) String() string {
 func (*UndrainNodeRequest) ProtoMessage() {}
 
 func (x *UndrainNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[51]
+	mi := &file_lbd_v1_api_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2893,7 +2982,7 @@ func (x *UndrainNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UndrainNodeRequest.ProtoReflect.Descriptor instead.
 func (*UndrainNodeRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{51}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{53}
 }
 
 type UndrainNodeResponse struct {
@@ -2905,7 +2994,7 @@ type UndrainNodeResponse struct {
 
 func (x *UndrainNodeResponse) Reset() {
 	*x = UndrainNodeResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[52]
+	mi := &file_lbd_v1_api_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2917,7 +3006,7 @@ func (x *UndrainNodeResponse) String() string {
 func (*UndrainNodeResponse) ProtoMessage() {}
 
 func (x *UndrainNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[52]
+	mi := &file_lbd_v1_api_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2930,7 +3019,7 @@ func (x *UndrainNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UndrainNodeResponse.ProtoReflect.Descriptor instead.
 func (*UndrainNodeResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{52}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *UndrainNodeResponse) GetNode() *Node {
@@ -2948,7 +3037,7 @@ type DetachNodeRequest struct {
 
 func (x *DetachNodeRequest) Reset() {
 	*x = DetachNodeRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[53]
+	mi := &file_lbd_v1_api_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2960,7 +3049,7 @@ func (x *DetachNodeRequest) String() string {
 func (*DetachNodeRequest) ProtoMessage() {}
 
 func (x *DetachNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[53]
+	mi := &file_lbd_v1_api_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2973,7 +3062,7 @@ func (x *DetachNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachNodeRequest.ProtoReflect.Descriptor instead.
 func (*DetachNodeRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{53}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{55}
 }
 
 type DetachNodeResponse struct {
@@ -2985,7 +3074,7 @@ type DetachNodeResponse struct {
 
 func (x *DetachNodeResponse) Reset() {
 	*x = DetachNodeResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[54]
+	mi := &file_lbd_v1_api_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2997,7 +3086,7 @@ func (x *DetachNodeResponse) String() string {
 func (*DetachNodeResponse) ProtoMessage() {}
 
 func (x *DetachNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[54]
+	mi := &file_lbd_v1_api_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3010,7 +3099,7 @@ func (x *DetachNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachNodeResponse.ProtoReflect.Descriptor instead.
 func (*DetachNodeResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{54}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *DetachNodeResponse) GetNode() *Node {
@@ -3028,7 +3117,7 @@ type VerifyNodeRequest struct {
 
 func (x *VerifyNodeRequest) Reset() {
 	*x = VerifyNodeRequest{}
-	mi := &file_lbd_v1_api_proto_msgTypes[55]
+	mi := &file_lbd_v1_api_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3040,7 +3129,7 @@ func (x *VerifyNodeRequest) String() string {
 func (*VerifyNodeRequest) ProtoMessage() {}
 
 func (x *VerifyNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[55]
+	mi := &file_lbd_v1_api_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3053,7 +3142,7 @@ func (x *VerifyNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyNodeRequest.ProtoReflect.Descriptor instead.
 func (*VerifyNodeRequest) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{55}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{57}
 }
 
 type VerifyNodeResponse struct {
@@ -3067,7 +3156,7 @@ type VerifyNodeResponse struct {
 
 func (x *VerifyNodeResponse) Reset() {
 	*x = VerifyNodeResponse{}
-	mi := &file_lbd_v1_api_proto_msgTypes[56]
+	mi := &file_lbd_v1_api_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3079,7 +3168,7 @@ func (x *VerifyNodeResponse) String() string {
 func (*VerifyNodeResponse) ProtoMessage() {}
 
 func (x *VerifyNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lbd_v1_api_proto_msgTypes[56]
+	mi := &file_lbd_v1_api_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3092,7 +3181,7 @@ func (x *VerifyNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyNodeResponse.ProtoReflect.Descriptor instead.
 func (*VerifyNodeResponse) Descriptor() ([]byte, []int) {
-	return file_lbd_v1_api_proto_rawDescGZIP(), []int{56}
+	return file_lbd_v1_api_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *VerifyNodeResponse) GetRepaired() []*Drift {
@@ -3254,7 +3343,11 @@ const file_lbd_v1_api_proto_rawDesc = "" +
 	"\x04peer\x18\x01 \x01(\v2\x0f.lbd.v1.BgpPeerR\x04peer\"\x15\n" +
 	"\x13ListBgpPeersRequest\"=\n" +
 	"\x14ListBgpPeersResponse\x12%\n" +
-	"\x05peers\x18\x01 \x03(\v2\x0f.lbd.v1.BgpPeerR\x05peers\";\n" +
+	"\x05peers\x18\x01 \x03(\v2\x0f.lbd.v1.BgpPeerR\x05peers\"\x16\n" +
+	"\x14WatchBgpPeersRequest\"h\n" +
+	"\x15WatchBgpPeersResponse\x12*\n" +
+	"\x04type\x18\x01 \x01(\x0e2\x16.lbd.v1.WatchEventTypeR\x04type\x12#\n" +
+	"\x04peer\x18\x02 \x01(\v2\x0f.lbd.v1.BgpPeerR\x04peer\";\n" +
 	"\x14UpdateBgpPeerRequest\x12#\n" +
 	"\x04peer\x18\x01 \x01(\v2\x0f.lbd.v1.BgpPeerR\x04peer\"<\n" +
 	"\x15UpdateBgpPeerResponse\x12#\n" +
@@ -3315,13 +3408,14 @@ const file_lbd_v1_api_proto_rawDesc = "" +
 	"\x0fListConnections\x12\x1e.lbd.v1.ListConnectionsRequest\x1a\x1f.lbd.v1.ListConnectionsResponse\x12=\n" +
 	"\bGetStats\x12\x17.lbd.v1.GetStatsRequest\x1a\x18.lbd.v1.GetStatsResponse\x12g\n" +
 	"\x16ListSocketTranslations\x12%.lbd.v1.ListSocketTranslationsRequest\x1a&.lbd.v1.ListSocketTranslationsResponse\x12T\n" +
-	"\x0fMonitorDatapath\x12\x1e.lbd.v1.MonitorDatapathRequest\x1a\x1f.lbd.v1.MonitorDatapathResponse0\x012\xd4\x03\n" +
+	"\x0fMonitorDatapath\x12\x1e.lbd.v1.MonitorDatapathRequest\x1a\x1f.lbd.v1.MonitorDatapathResponse0\x012\xa4\x04\n" +
 	"\n" +
 	"BgpService\x12L\n" +
 	"\rCreateBgpPeer\x12\x1c.lbd.v1.CreateBgpPeerRequest\x1a\x1d.lbd.v1.CreateBgpPeerResponse\x12C\n" +
 	"\n" +
 	"GetBgpPeer\x12\x19.lbd.v1.GetBgpPeerRequest\x1a\x1a.lbd.v1.GetBgpPeerResponse\x12I\n" +
-	"\fListBgpPeers\x12\x1b.lbd.v1.ListBgpPeersRequest\x1a\x1c.lbd.v1.ListBgpPeersResponse\x12L\n" +
+	"\fListBgpPeers\x12\x1b.lbd.v1.ListBgpPeersRequest\x1a\x1c.lbd.v1.ListBgpPeersResponse\x12N\n" +
+	"\rWatchBgpPeers\x12\x1c.lbd.v1.WatchBgpPeersRequest\x1a\x1d.lbd.v1.WatchBgpPeersResponse0\x01\x12L\n" +
 	"\rUpdateBgpPeer\x12\x1c.lbd.v1.UpdateBgpPeerRequest\x1a\x1d.lbd.v1.UpdateBgpPeerResponse\x12L\n" +
 	"\rDeleteBgpPeer\x12\x1c.lbd.v1.DeleteBgpPeerRequest\x1a\x1d.lbd.v1.DeleteBgpPeerResponse\x12L\n" +
 	"\rListBgpRoutes\x12\x1c.lbd.v1.ListBgpRoutesRequest\x1a\x1d.lbd.v1.ListBgpRoutesResponse2\xdd\x02\n" +
@@ -3347,7 +3441,7 @@ func file_lbd_v1_api_proto_rawDescGZIP() []byte {
 }
 
 var file_lbd_v1_api_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_lbd_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
+var file_lbd_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
 var file_lbd_v1_api_proto_goTypes = []any{
 	(ServiceChangeType)(0),                 // 0: lbd.v1.ServiceChangeType
 	(WatchEventType)(0),                    // 1: lbd.v1.WatchEventType
@@ -3392,146 +3486,152 @@ var file_lbd_v1_api_proto_goTypes = []any{
 	(*GetBgpPeerResponse)(nil),             // 40: lbd.v1.GetBgpPeerResponse
 	(*ListBgpPeersRequest)(nil),            // 41: lbd.v1.ListBgpPeersRequest
 	(*ListBgpPeersResponse)(nil),           // 42: lbd.v1.ListBgpPeersResponse
-	(*UpdateBgpPeerRequest)(nil),           // 43: lbd.v1.UpdateBgpPeerRequest
-	(*UpdateBgpPeerResponse)(nil),          // 44: lbd.v1.UpdateBgpPeerResponse
-	(*DeleteBgpPeerRequest)(nil),           // 45: lbd.v1.DeleteBgpPeerRequest
-	(*DeleteBgpPeerResponse)(nil),          // 46: lbd.v1.DeleteBgpPeerResponse
-	(*ListBgpRoutesRequest)(nil),           // 47: lbd.v1.ListBgpRoutesRequest
-	(*ListBgpRoutesResponse)(nil),          // 48: lbd.v1.ListBgpRoutesResponse
-	(*GetNodeRequest)(nil),                 // 49: lbd.v1.GetNodeRequest
-	(*GetNodeResponse)(nil),                // 50: lbd.v1.GetNodeResponse
-	(*DrainNodeRequest)(nil),               // 51: lbd.v1.DrainNodeRequest
-	(*DrainNodeResponse)(nil),              // 52: lbd.v1.DrainNodeResponse
-	(*UndrainNodeRequest)(nil),             // 53: lbd.v1.UndrainNodeRequest
-	(*UndrainNodeResponse)(nil),            // 54: lbd.v1.UndrainNodeResponse
-	(*DetachNodeRequest)(nil),              // 55: lbd.v1.DetachNodeRequest
-	(*DetachNodeResponse)(nil),             // 56: lbd.v1.DetachNodeResponse
-	(*VerifyNodeRequest)(nil),              // 57: lbd.v1.VerifyNodeRequest
-	(*VerifyNodeResponse)(nil),             // 58: lbd.v1.VerifyNodeResponse
-	(*Service)(nil),                        // 59: lbd.v1.Service
-	(*Backend)(nil),                        // 60: lbd.v1.Backend
-	(*fieldmaskpb.FieldMask)(nil),          // 61: google.protobuf.FieldMask
-	(BackendState)(0),                      // 62: lbd.v1.BackendState
-	(Protocol)(0),                          // 63: lbd.v1.Protocol
-	(*MonitorEvent)(nil),                   // 64: lbd.v1.MonitorEvent
-	(*Connection)(nil),                     // 65: lbd.v1.Connection
-	(*SocketTranslation)(nil),              // 66: lbd.v1.SocketTranslation
-	(StatsOrder)(0),                        // 67: lbd.v1.StatsOrder
-	(*ServiceStats)(nil),                   // 68: lbd.v1.ServiceStats
-	(*Counter)(nil),                        // 69: lbd.v1.Counter
-	(*EventCounter)(nil),                   // 70: lbd.v1.EventCounter
-	(*BgpPeer)(nil),                        // 71: lbd.v1.BgpPeer
-	(*BgpRoute)(nil),                       // 72: lbd.v1.BgpRoute
-	(*Node)(nil),                           // 73: lbd.v1.Node
-	(*Drift)(nil),                          // 74: lbd.v1.Drift
+	(*WatchBgpPeersRequest)(nil),           // 43: lbd.v1.WatchBgpPeersRequest
+	(*WatchBgpPeersResponse)(nil),          // 44: lbd.v1.WatchBgpPeersResponse
+	(*UpdateBgpPeerRequest)(nil),           // 45: lbd.v1.UpdateBgpPeerRequest
+	(*UpdateBgpPeerResponse)(nil),          // 46: lbd.v1.UpdateBgpPeerResponse
+	(*DeleteBgpPeerRequest)(nil),           // 47: lbd.v1.DeleteBgpPeerRequest
+	(*DeleteBgpPeerResponse)(nil),          // 48: lbd.v1.DeleteBgpPeerResponse
+	(*ListBgpRoutesRequest)(nil),           // 49: lbd.v1.ListBgpRoutesRequest
+	(*ListBgpRoutesResponse)(nil),          // 50: lbd.v1.ListBgpRoutesResponse
+	(*GetNodeRequest)(nil),                 // 51: lbd.v1.GetNodeRequest
+	(*GetNodeResponse)(nil),                // 52: lbd.v1.GetNodeResponse
+	(*DrainNodeRequest)(nil),               // 53: lbd.v1.DrainNodeRequest
+	(*DrainNodeResponse)(nil),              // 54: lbd.v1.DrainNodeResponse
+	(*UndrainNodeRequest)(nil),             // 55: lbd.v1.UndrainNodeRequest
+	(*UndrainNodeResponse)(nil),            // 56: lbd.v1.UndrainNodeResponse
+	(*DetachNodeRequest)(nil),              // 57: lbd.v1.DetachNodeRequest
+	(*DetachNodeResponse)(nil),             // 58: lbd.v1.DetachNodeResponse
+	(*VerifyNodeRequest)(nil),              // 59: lbd.v1.VerifyNodeRequest
+	(*VerifyNodeResponse)(nil),             // 60: lbd.v1.VerifyNodeResponse
+	(*Service)(nil),                        // 61: lbd.v1.Service
+	(*Backend)(nil),                        // 62: lbd.v1.Backend
+	(*fieldmaskpb.FieldMask)(nil),          // 63: google.protobuf.FieldMask
+	(BackendState)(0),                      // 64: lbd.v1.BackendState
+	(Protocol)(0),                          // 65: lbd.v1.Protocol
+	(*MonitorEvent)(nil),                   // 66: lbd.v1.MonitorEvent
+	(*Connection)(nil),                     // 67: lbd.v1.Connection
+	(*SocketTranslation)(nil),              // 68: lbd.v1.SocketTranslation
+	(StatsOrder)(0),                        // 69: lbd.v1.StatsOrder
+	(*ServiceStats)(nil),                   // 70: lbd.v1.ServiceStats
+	(*Counter)(nil),                        // 71: lbd.v1.Counter
+	(*EventCounter)(nil),                   // 72: lbd.v1.EventCounter
+	(*BgpPeer)(nil),                        // 73: lbd.v1.BgpPeer
+	(*BgpRoute)(nil),                       // 74: lbd.v1.BgpRoute
+	(*Node)(nil),                           // 75: lbd.v1.Node
+	(*Drift)(nil),                          // 76: lbd.v1.Drift
 }
 var file_lbd_v1_api_proto_depIdxs = []int32{
-	59, // 0: lbd.v1.CreateServiceRequest.service:type_name -> lbd.v1.Service
-	59, // 1: lbd.v1.CreateServiceResponse.service:type_name -> lbd.v1.Service
-	59, // 2: lbd.v1.GetServiceResponse.service:type_name -> lbd.v1.Service
-	59, // 3: lbd.v1.ListServicesResponse.services:type_name -> lbd.v1.Service
-	59, // 4: lbd.v1.UpdateServiceRequest.service:type_name -> lbd.v1.Service
-	59, // 5: lbd.v1.UpdateServiceResponse.service:type_name -> lbd.v1.Service
-	59, // 6: lbd.v1.ApplyServicesRequest.services:type_name -> lbd.v1.Service
+	61, // 0: lbd.v1.CreateServiceRequest.service:type_name -> lbd.v1.Service
+	61, // 1: lbd.v1.CreateServiceResponse.service:type_name -> lbd.v1.Service
+	61, // 2: lbd.v1.GetServiceResponse.service:type_name -> lbd.v1.Service
+	61, // 3: lbd.v1.ListServicesResponse.services:type_name -> lbd.v1.Service
+	61, // 4: lbd.v1.UpdateServiceRequest.service:type_name -> lbd.v1.Service
+	61, // 5: lbd.v1.UpdateServiceResponse.service:type_name -> lbd.v1.Service
+	61, // 6: lbd.v1.ApplyServicesRequest.services:type_name -> lbd.v1.Service
 	14, // 7: lbd.v1.ApplyServicesResponse.changes:type_name -> lbd.v1.ServiceChange
 	0,  // 8: lbd.v1.ServiceChange.type:type_name -> lbd.v1.ServiceChangeType
-	59, // 9: lbd.v1.ServiceChange.before:type_name -> lbd.v1.Service
-	59, // 10: lbd.v1.ServiceChange.after:type_name -> lbd.v1.Service
+	61, // 9: lbd.v1.ServiceChange.before:type_name -> lbd.v1.Service
+	61, // 10: lbd.v1.ServiceChange.after:type_name -> lbd.v1.Service
 	1,  // 11: lbd.v1.WatchServicesResponse.type:type_name -> lbd.v1.WatchEventType
-	59, // 12: lbd.v1.WatchServicesResponse.service:type_name -> lbd.v1.Service
-	60, // 13: lbd.v1.CreateBackendRequest.backend:type_name -> lbd.v1.Backend
-	60, // 14: lbd.v1.CreateBackendResponse.backend:type_name -> lbd.v1.Backend
-	60, // 15: lbd.v1.GetBackendResponse.backend:type_name -> lbd.v1.Backend
-	60, // 16: lbd.v1.ListBackendsResponse.backends:type_name -> lbd.v1.Backend
-	60, // 17: lbd.v1.UpdateBackendRequest.backend:type_name -> lbd.v1.Backend
-	61, // 18: lbd.v1.UpdateBackendRequest.update_mask:type_name -> google.protobuf.FieldMask
-	62, // 19: lbd.v1.UpdateBackendRequest.only_from_states:type_name -> lbd.v1.BackendState
-	60, // 20: lbd.v1.UpdateBackendResponse.backend:type_name -> lbd.v1.Backend
-	63, // 21: lbd.v1.TraceFlowRequest.protocol:type_name -> lbd.v1.Protocol
-	60, // 22: lbd.v1.TraceFlowResponse.backend:type_name -> lbd.v1.Backend
-	64, // 23: lbd.v1.MonitorDatapathResponse.event:type_name -> lbd.v1.MonitorEvent
-	65, // 24: lbd.v1.ListConnectionsResponse.connections:type_name -> lbd.v1.Connection
-	66, // 25: lbd.v1.ListSocketTranslationsResponse.translations:type_name -> lbd.v1.SocketTranslation
-	67, // 26: lbd.v1.GetStatsRequest.order_by:type_name -> lbd.v1.StatsOrder
-	68, // 27: lbd.v1.GetStatsResponse.services:type_name -> lbd.v1.ServiceStats
-	69, // 28: lbd.v1.GetStatsResponse.reasons:type_name -> lbd.v1.Counter
-	70, // 29: lbd.v1.GetStatsResponse.socket_events:type_name -> lbd.v1.EventCounter
-	70, // 30: lbd.v1.GetStatsResponse.conntrack_events:type_name -> lbd.v1.EventCounter
-	70, // 31: lbd.v1.GetStatsResponse.quic_routes:type_name -> lbd.v1.EventCounter
-	71, // 32: lbd.v1.CreateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
-	71, // 33: lbd.v1.CreateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
-	71, // 34: lbd.v1.GetBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
-	71, // 35: lbd.v1.ListBgpPeersResponse.peers:type_name -> lbd.v1.BgpPeer
-	71, // 36: lbd.v1.UpdateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
-	71, // 37: lbd.v1.UpdateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
-	72, // 38: lbd.v1.ListBgpRoutesResponse.routes:type_name -> lbd.v1.BgpRoute
-	73, // 39: lbd.v1.GetNodeResponse.node:type_name -> lbd.v1.Node
-	73, // 40: lbd.v1.DrainNodeResponse.node:type_name -> lbd.v1.Node
-	73, // 41: lbd.v1.UndrainNodeResponse.node:type_name -> lbd.v1.Node
-	73, // 42: lbd.v1.DetachNodeResponse.node:type_name -> lbd.v1.Node
-	74, // 43: lbd.v1.VerifyNodeResponse.repaired:type_name -> lbd.v1.Drift
-	73, // 44: lbd.v1.VerifyNodeResponse.node:type_name -> lbd.v1.Node
-	2,  // 45: lbd.v1.LoadBalancerService.CreateService:input_type -> lbd.v1.CreateServiceRequest
-	4,  // 46: lbd.v1.LoadBalancerService.GetService:input_type -> lbd.v1.GetServiceRequest
-	6,  // 47: lbd.v1.LoadBalancerService.ListServices:input_type -> lbd.v1.ListServicesRequest
-	8,  // 48: lbd.v1.LoadBalancerService.UpdateService:input_type -> lbd.v1.UpdateServiceRequest
-	10, // 49: lbd.v1.LoadBalancerService.DeleteService:input_type -> lbd.v1.DeleteServiceRequest
-	12, // 50: lbd.v1.LoadBalancerService.ApplyServices:input_type -> lbd.v1.ApplyServicesRequest
-	15, // 51: lbd.v1.LoadBalancerService.WatchServices:input_type -> lbd.v1.WatchServicesRequest
-	17, // 52: lbd.v1.LoadBalancerService.CreateBackend:input_type -> lbd.v1.CreateBackendRequest
-	19, // 53: lbd.v1.LoadBalancerService.GetBackend:input_type -> lbd.v1.GetBackendRequest
-	21, // 54: lbd.v1.LoadBalancerService.ListBackends:input_type -> lbd.v1.ListBackendsRequest
-	23, // 55: lbd.v1.LoadBalancerService.UpdateBackend:input_type -> lbd.v1.UpdateBackendRequest
-	25, // 56: lbd.v1.LoadBalancerService.DeleteBackend:input_type -> lbd.v1.DeleteBackendRequest
-	27, // 57: lbd.v1.LoadBalancerService.TraceFlow:input_type -> lbd.v1.TraceFlowRequest
-	31, // 58: lbd.v1.LoadBalancerService.ListConnections:input_type -> lbd.v1.ListConnectionsRequest
-	35, // 59: lbd.v1.LoadBalancerService.GetStats:input_type -> lbd.v1.GetStatsRequest
-	33, // 60: lbd.v1.LoadBalancerService.ListSocketTranslations:input_type -> lbd.v1.ListSocketTranslationsRequest
-	29, // 61: lbd.v1.LoadBalancerService.MonitorDatapath:input_type -> lbd.v1.MonitorDatapathRequest
-	37, // 62: lbd.v1.BgpService.CreateBgpPeer:input_type -> lbd.v1.CreateBgpPeerRequest
-	39, // 63: lbd.v1.BgpService.GetBgpPeer:input_type -> lbd.v1.GetBgpPeerRequest
-	41, // 64: lbd.v1.BgpService.ListBgpPeers:input_type -> lbd.v1.ListBgpPeersRequest
-	43, // 65: lbd.v1.BgpService.UpdateBgpPeer:input_type -> lbd.v1.UpdateBgpPeerRequest
-	45, // 66: lbd.v1.BgpService.DeleteBgpPeer:input_type -> lbd.v1.DeleteBgpPeerRequest
-	47, // 67: lbd.v1.BgpService.ListBgpRoutes:input_type -> lbd.v1.ListBgpRoutesRequest
-	49, // 68: lbd.v1.NodeService.GetNode:input_type -> lbd.v1.GetNodeRequest
-	51, // 69: lbd.v1.NodeService.DrainNode:input_type -> lbd.v1.DrainNodeRequest
-	53, // 70: lbd.v1.NodeService.UndrainNode:input_type -> lbd.v1.UndrainNodeRequest
-	55, // 71: lbd.v1.NodeService.DetachNode:input_type -> lbd.v1.DetachNodeRequest
-	57, // 72: lbd.v1.NodeService.VerifyNode:input_type -> lbd.v1.VerifyNodeRequest
-	3,  // 73: lbd.v1.LoadBalancerService.CreateService:output_type -> lbd.v1.CreateServiceResponse
-	5,  // 74: lbd.v1.LoadBalancerService.GetService:output_type -> lbd.v1.GetServiceResponse
-	7,  // 75: lbd.v1.LoadBalancerService.ListServices:output_type -> lbd.v1.ListServicesResponse
-	9,  // 76: lbd.v1.LoadBalancerService.UpdateService:output_type -> lbd.v1.UpdateServiceResponse
-	11, // 77: lbd.v1.LoadBalancerService.DeleteService:output_type -> lbd.v1.DeleteServiceResponse
-	13, // 78: lbd.v1.LoadBalancerService.ApplyServices:output_type -> lbd.v1.ApplyServicesResponse
-	16, // 79: lbd.v1.LoadBalancerService.WatchServices:output_type -> lbd.v1.WatchServicesResponse
-	18, // 80: lbd.v1.LoadBalancerService.CreateBackend:output_type -> lbd.v1.CreateBackendResponse
-	20, // 81: lbd.v1.LoadBalancerService.GetBackend:output_type -> lbd.v1.GetBackendResponse
-	22, // 82: lbd.v1.LoadBalancerService.ListBackends:output_type -> lbd.v1.ListBackendsResponse
-	24, // 83: lbd.v1.LoadBalancerService.UpdateBackend:output_type -> lbd.v1.UpdateBackendResponse
-	26, // 84: lbd.v1.LoadBalancerService.DeleteBackend:output_type -> lbd.v1.DeleteBackendResponse
-	28, // 85: lbd.v1.LoadBalancerService.TraceFlow:output_type -> lbd.v1.TraceFlowResponse
-	32, // 86: lbd.v1.LoadBalancerService.ListConnections:output_type -> lbd.v1.ListConnectionsResponse
-	36, // 87: lbd.v1.LoadBalancerService.GetStats:output_type -> lbd.v1.GetStatsResponse
-	34, // 88: lbd.v1.LoadBalancerService.ListSocketTranslations:output_type -> lbd.v1.ListSocketTranslationsResponse
-	30, // 89: lbd.v1.LoadBalancerService.MonitorDatapath:output_type -> lbd.v1.MonitorDatapathResponse
-	38, // 90: lbd.v1.BgpService.CreateBgpPeer:output_type -> lbd.v1.CreateBgpPeerResponse
-	40, // 91: lbd.v1.BgpService.GetBgpPeer:output_type -> lbd.v1.GetBgpPeerResponse
-	42, // 92: lbd.v1.BgpService.ListBgpPeers:output_type -> lbd.v1.ListBgpPeersResponse
-	44, // 93: lbd.v1.BgpService.UpdateBgpPeer:output_type -> lbd.v1.UpdateBgpPeerResponse
-	46, // 94: lbd.v1.BgpService.DeleteBgpPeer:output_type -> lbd.v1.DeleteBgpPeerResponse
-	48, // 95: lbd.v1.BgpService.ListBgpRoutes:output_type -> lbd.v1.ListBgpRoutesResponse
-	50, // 96: lbd.v1.NodeService.GetNode:output_type -> lbd.v1.GetNodeResponse
-	52, // 97: lbd.v1.NodeService.DrainNode:output_type -> lbd.v1.DrainNodeResponse
-	54, // 98: lbd.v1.NodeService.UndrainNode:output_type -> lbd.v1.UndrainNodeResponse
-	56, // 99: lbd.v1.NodeService.DetachNode:output_type -> lbd.v1.DetachNodeResponse
-	58, // 100: lbd.v1.NodeService.VerifyNode:output_type -> lbd.v1.VerifyNodeResponse
-	73, // [73:101] is the sub-list for method output_type
-	45, // [45:73] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	61, // 12: lbd.v1.WatchServicesResponse.service:type_name -> lbd.v1.Service
+	62, // 13: lbd.v1.CreateBackendRequest.backend:type_name -> lbd.v1.Backend
+	62, // 14: lbd.v1.CreateBackendResponse.backend:type_name -> lbd.v1.Backend
+	62, // 15: lbd.v1.GetBackendResponse.backend:type_name -> lbd.v1.Backend
+	62, // 16: lbd.v1.ListBackendsResponse.backends:type_name -> lbd.v1.Backend
+	62, // 17: lbd.v1.UpdateBackendRequest.backend:type_name -> lbd.v1.Backend
+	63, // 18: lbd.v1.UpdateBackendRequest.update_mask:type_name -> google.protobuf.FieldMask
+	64, // 19: lbd.v1.UpdateBackendRequest.only_from_states:type_name -> lbd.v1.BackendState
+	62, // 20: lbd.v1.UpdateBackendResponse.backend:type_name -> lbd.v1.Backend
+	65, // 21: lbd.v1.TraceFlowRequest.protocol:type_name -> lbd.v1.Protocol
+	62, // 22: lbd.v1.TraceFlowResponse.backend:type_name -> lbd.v1.Backend
+	66, // 23: lbd.v1.MonitorDatapathResponse.event:type_name -> lbd.v1.MonitorEvent
+	67, // 24: lbd.v1.ListConnectionsResponse.connections:type_name -> lbd.v1.Connection
+	68, // 25: lbd.v1.ListSocketTranslationsResponse.translations:type_name -> lbd.v1.SocketTranslation
+	69, // 26: lbd.v1.GetStatsRequest.order_by:type_name -> lbd.v1.StatsOrder
+	70, // 27: lbd.v1.GetStatsResponse.services:type_name -> lbd.v1.ServiceStats
+	71, // 28: lbd.v1.GetStatsResponse.reasons:type_name -> lbd.v1.Counter
+	72, // 29: lbd.v1.GetStatsResponse.socket_events:type_name -> lbd.v1.EventCounter
+	72, // 30: lbd.v1.GetStatsResponse.conntrack_events:type_name -> lbd.v1.EventCounter
+	72, // 31: lbd.v1.GetStatsResponse.quic_routes:type_name -> lbd.v1.EventCounter
+	73, // 32: lbd.v1.CreateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
+	73, // 33: lbd.v1.CreateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
+	73, // 34: lbd.v1.GetBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
+	73, // 35: lbd.v1.ListBgpPeersResponse.peers:type_name -> lbd.v1.BgpPeer
+	1,  // 36: lbd.v1.WatchBgpPeersResponse.type:type_name -> lbd.v1.WatchEventType
+	73, // 37: lbd.v1.WatchBgpPeersResponse.peer:type_name -> lbd.v1.BgpPeer
+	73, // 38: lbd.v1.UpdateBgpPeerRequest.peer:type_name -> lbd.v1.BgpPeer
+	73, // 39: lbd.v1.UpdateBgpPeerResponse.peer:type_name -> lbd.v1.BgpPeer
+	74, // 40: lbd.v1.ListBgpRoutesResponse.routes:type_name -> lbd.v1.BgpRoute
+	75, // 41: lbd.v1.GetNodeResponse.node:type_name -> lbd.v1.Node
+	75, // 42: lbd.v1.DrainNodeResponse.node:type_name -> lbd.v1.Node
+	75, // 43: lbd.v1.UndrainNodeResponse.node:type_name -> lbd.v1.Node
+	75, // 44: lbd.v1.DetachNodeResponse.node:type_name -> lbd.v1.Node
+	76, // 45: lbd.v1.VerifyNodeResponse.repaired:type_name -> lbd.v1.Drift
+	75, // 46: lbd.v1.VerifyNodeResponse.node:type_name -> lbd.v1.Node
+	2,  // 47: lbd.v1.LoadBalancerService.CreateService:input_type -> lbd.v1.CreateServiceRequest
+	4,  // 48: lbd.v1.LoadBalancerService.GetService:input_type -> lbd.v1.GetServiceRequest
+	6,  // 49: lbd.v1.LoadBalancerService.ListServices:input_type -> lbd.v1.ListServicesRequest
+	8,  // 50: lbd.v1.LoadBalancerService.UpdateService:input_type -> lbd.v1.UpdateServiceRequest
+	10, // 51: lbd.v1.LoadBalancerService.DeleteService:input_type -> lbd.v1.DeleteServiceRequest
+	12, // 52: lbd.v1.LoadBalancerService.ApplyServices:input_type -> lbd.v1.ApplyServicesRequest
+	15, // 53: lbd.v1.LoadBalancerService.WatchServices:input_type -> lbd.v1.WatchServicesRequest
+	17, // 54: lbd.v1.LoadBalancerService.CreateBackend:input_type -> lbd.v1.CreateBackendRequest
+	19, // 55: lbd.v1.LoadBalancerService.GetBackend:input_type -> lbd.v1.GetBackendRequest
+	21, // 56: lbd.v1.LoadBalancerService.ListBackends:input_type -> lbd.v1.ListBackendsRequest
+	23, // 57: lbd.v1.LoadBalancerService.UpdateBackend:input_type -> lbd.v1.UpdateBackendRequest
+	25, // 58: lbd.v1.LoadBalancerService.DeleteBackend:input_type -> lbd.v1.DeleteBackendRequest
+	27, // 59: lbd.v1.LoadBalancerService.TraceFlow:input_type -> lbd.v1.TraceFlowRequest
+	31, // 60: lbd.v1.LoadBalancerService.ListConnections:input_type -> lbd.v1.ListConnectionsRequest
+	35, // 61: lbd.v1.LoadBalancerService.GetStats:input_type -> lbd.v1.GetStatsRequest
+	33, // 62: lbd.v1.LoadBalancerService.ListSocketTranslations:input_type -> lbd.v1.ListSocketTranslationsRequest
+	29, // 63: lbd.v1.LoadBalancerService.MonitorDatapath:input_type -> lbd.v1.MonitorDatapathRequest
+	37, // 64: lbd.v1.BgpService.CreateBgpPeer:input_type -> lbd.v1.CreateBgpPeerRequest
+	39, // 65: lbd.v1.BgpService.GetBgpPeer:input_type -> lbd.v1.GetBgpPeerRequest
+	41, // 66: lbd.v1.BgpService.ListBgpPeers:input_type -> lbd.v1.ListBgpPeersRequest
+	43, // 67: lbd.v1.BgpService.WatchBgpPeers:input_type -> lbd.v1.WatchBgpPeersRequest
+	45, // 68: lbd.v1.BgpService.UpdateBgpPeer:input_type -> lbd.v1.UpdateBgpPeerRequest
+	47, // 69: lbd.v1.BgpService.DeleteBgpPeer:input_type -> lbd.v1.DeleteBgpPeerRequest
+	49, // 70: lbd.v1.BgpService.ListBgpRoutes:input_type -> lbd.v1.ListBgpRoutesRequest
+	51, // 71: lbd.v1.NodeService.GetNode:input_type -> lbd.v1.GetNodeRequest
+	53, // 72: lbd.v1.NodeService.DrainNode:input_type -> lbd.v1.DrainNodeRequest
+	55, // 73: lbd.v1.NodeService.UndrainNode:input_type -> lbd.v1.UndrainNodeRequest
+	57, // 74: lbd.v1.NodeService.DetachNode:input_type -> lbd.v1.DetachNodeRequest
+	59, // 75: lbd.v1.NodeService.VerifyNode:input_type -> lbd.v1.VerifyNodeRequest
+	3,  // 76: lbd.v1.LoadBalancerService.CreateService:output_type -> lbd.v1.CreateServiceResponse
+	5,  // 77: lbd.v1.LoadBalancerService.GetService:output_type -> lbd.v1.GetServiceResponse
+	7,  // 78: lbd.v1.LoadBalancerService.ListServices:output_type -> lbd.v1.ListServicesResponse
+	9,  // 79: lbd.v1.LoadBalancerService.UpdateService:output_type -> lbd.v1.UpdateServiceResponse
+	11, // 80: lbd.v1.LoadBalancerService.DeleteService:output_type -> lbd.v1.DeleteServiceResponse
+	13, // 81: lbd.v1.LoadBalancerService.ApplyServices:output_type -> lbd.v1.ApplyServicesResponse
+	16, // 82: lbd.v1.LoadBalancerService.WatchServices:output_type -> lbd.v1.WatchServicesResponse
+	18, // 83: lbd.v1.LoadBalancerService.CreateBackend:output_type -> lbd.v1.CreateBackendResponse
+	20, // 84: lbd.v1.LoadBalancerService.GetBackend:output_type -> lbd.v1.GetBackendResponse
+	22, // 85: lbd.v1.LoadBalancerService.ListBackends:output_type -> lbd.v1.ListBackendsResponse
+	24, // 86: lbd.v1.LoadBalancerService.UpdateBackend:output_type -> lbd.v1.UpdateBackendResponse
+	26, // 87: lbd.v1.LoadBalancerService.DeleteBackend:output_type -> lbd.v1.DeleteBackendResponse
+	28, // 88: lbd.v1.LoadBalancerService.TraceFlow:output_type -> lbd.v1.TraceFlowResponse
+	32, // 89: lbd.v1.LoadBalancerService.ListConnections:output_type -> lbd.v1.ListConnectionsResponse
+	36, // 90: lbd.v1.LoadBalancerService.GetStats:output_type -> lbd.v1.GetStatsResponse
+	34, // 91: lbd.v1.LoadBalancerService.ListSocketTranslations:output_type -> lbd.v1.ListSocketTranslationsResponse
+	30, // 92: lbd.v1.LoadBalancerService.MonitorDatapath:output_type -> lbd.v1.MonitorDatapathResponse
+	38, // 93: lbd.v1.BgpService.CreateBgpPeer:output_type -> lbd.v1.CreateBgpPeerResponse
+	40, // 94: lbd.v1.BgpService.GetBgpPeer:output_type -> lbd.v1.GetBgpPeerResponse
+	42, // 95: lbd.v1.BgpService.ListBgpPeers:output_type -> lbd.v1.ListBgpPeersResponse
+	44, // 96: lbd.v1.BgpService.WatchBgpPeers:output_type -> lbd.v1.WatchBgpPeersResponse
+	46, // 97: lbd.v1.BgpService.UpdateBgpPeer:output_type -> lbd.v1.UpdateBgpPeerResponse
+	48, // 98: lbd.v1.BgpService.DeleteBgpPeer:output_type -> lbd.v1.DeleteBgpPeerResponse
+	50, // 99: lbd.v1.BgpService.ListBgpRoutes:output_type -> lbd.v1.ListBgpRoutesResponse
+	52, // 100: lbd.v1.NodeService.GetNode:output_type -> lbd.v1.GetNodeResponse
+	54, // 101: lbd.v1.NodeService.DrainNode:output_type -> lbd.v1.DrainNodeResponse
+	56, // 102: lbd.v1.NodeService.UndrainNode:output_type -> lbd.v1.UndrainNodeResponse
+	58, // 103: lbd.v1.NodeService.DetachNode:output_type -> lbd.v1.DetachNodeResponse
+	60, // 104: lbd.v1.NodeService.VerifyNode:output_type -> lbd.v1.VerifyNodeResponse
+	76, // [76:105] is the sub-list for method output_type
+	47, // [47:76] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_lbd_v1_api_proto_init() }
@@ -3550,7 +3650,7 @@ func file_lbd_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lbd_v1_api_proto_rawDesc), len(file_lbd_v1_api_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   57,
+			NumMessages:   59,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -823,6 +823,7 @@ const (
 	BgpService_CreateBgpPeer_FullMethodName = "/lbd.v1.BgpService/CreateBgpPeer"
 	BgpService_GetBgpPeer_FullMethodName    = "/lbd.v1.BgpService/GetBgpPeer"
 	BgpService_ListBgpPeers_FullMethodName  = "/lbd.v1.BgpService/ListBgpPeers"
+	BgpService_WatchBgpPeers_FullMethodName = "/lbd.v1.BgpService/WatchBgpPeers"
 	BgpService_UpdateBgpPeer_FullMethodName = "/lbd.v1.BgpService/UpdateBgpPeer"
 	BgpService_DeleteBgpPeer_FullMethodName = "/lbd.v1.BgpService/DeleteBgpPeer"
 	BgpService_ListBgpRoutes_FullMethodName = "/lbd.v1.BgpService/ListBgpRoutes"
@@ -840,6 +841,12 @@ type BgpServiceClient interface {
 	GetBgpPeer(ctx context.Context, in *GetBgpPeerRequest, opts ...grpc.CallOption) (*GetBgpPeerResponse, error)
 	// ListBgpPeers returns every peer sorted by address.
 	ListBgpPeers(ctx context.Context, in *ListBgpPeersRequest, opts ...grpc.CallOption) (*ListBgpPeersResponse, error)
+	// WatchBgpPeers streams every peer with its session status (ADDED), a SYNCED marker,
+	// then a peer again whenever its session changes state or its configuration changes
+	// (MODIFIED; ADDED for a new peer, DELETED for a removed one). Route counters that
+	// move while the state stays are not streamed: list the peers for them. It counts
+	// against api.max_watchers with WatchServices.
+	WatchBgpPeers(ctx context.Context, in *WatchBgpPeersRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchBgpPeersResponse], error)
 	// UpdateBgpPeer replaces a peer's configuration.
 	UpdateBgpPeer(ctx context.Context, in *UpdateBgpPeerRequest, opts ...grpc.CallOption) (*UpdateBgpPeerResponse, error)
 	// DeleteBgpPeer removes a peer.
@@ -886,6 +893,25 @@ func (c *bgpServiceClient) ListBgpPeers(ctx context.Context, in *ListBgpPeersReq
 	return out, nil
 }
 
+func (c *bgpServiceClient) WatchBgpPeers(ctx context.Context, in *WatchBgpPeersRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchBgpPeersResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &BgpService_ServiceDesc.Streams[0], BgpService_WatchBgpPeers_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchBgpPeersRequest, WatchBgpPeersResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type BgpService_WatchBgpPeersClient = grpc.ServerStreamingClient[WatchBgpPeersResponse]
+
 func (c *bgpServiceClient) UpdateBgpPeer(ctx context.Context, in *UpdateBgpPeerRequest, opts ...grpc.CallOption) (*UpdateBgpPeerResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(UpdateBgpPeerResponse)
@@ -928,6 +954,12 @@ type BgpServiceServer interface {
 	GetBgpPeer(context.Context, *GetBgpPeerRequest) (*GetBgpPeerResponse, error)
 	// ListBgpPeers returns every peer sorted by address.
 	ListBgpPeers(context.Context, *ListBgpPeersRequest) (*ListBgpPeersResponse, error)
+	// WatchBgpPeers streams every peer with its session status (ADDED), a SYNCED marker,
+	// then a peer again whenever its session changes state or its configuration changes
+	// (MODIFIED; ADDED for a new peer, DELETED for a removed one). Route counters that
+	// move while the state stays are not streamed: list the peers for them. It counts
+	// against api.max_watchers with WatchServices.
+	WatchBgpPeers(*WatchBgpPeersRequest, grpc.ServerStreamingServer[WatchBgpPeersResponse]) error
 	// UpdateBgpPeer replaces a peer's configuration.
 	UpdateBgpPeer(context.Context, *UpdateBgpPeerRequest) (*UpdateBgpPeerResponse, error)
 	// DeleteBgpPeer removes a peer.
@@ -952,6 +984,9 @@ func (UnimplementedBgpServiceServer) GetBgpPeer(context.Context, *GetBgpPeerRequ
 }
 func (UnimplementedBgpServiceServer) ListBgpPeers(context.Context, *ListBgpPeersRequest) (*ListBgpPeersResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListBgpPeers not implemented")
+}
+func (UnimplementedBgpServiceServer) WatchBgpPeers(*WatchBgpPeersRequest, grpc.ServerStreamingServer[WatchBgpPeersResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchBgpPeers not implemented")
 }
 func (UnimplementedBgpServiceServer) UpdateBgpPeer(context.Context, *UpdateBgpPeerRequest) (*UpdateBgpPeerResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method UpdateBgpPeer not implemented")
@@ -1036,6 +1071,17 @@ func _BgpService_ListBgpPeers_Handler(srv interface{}, ctx context.Context, dec 
 	}
 	return interceptor(ctx, in, info, handler)
 }
+
+func _BgpService_WatchBgpPeers_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchBgpPeersRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(BgpServiceServer).WatchBgpPeers(m, &grpc.GenericServerStream[WatchBgpPeersRequest, WatchBgpPeersResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type BgpService_WatchBgpPeersServer = grpc.ServerStreamingServer[WatchBgpPeersResponse]
 
 func _BgpService_UpdateBgpPeer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(UpdateBgpPeerRequest)
@@ -1123,7 +1169,13 @@ var BgpService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _BgpService_ListBgpRoutes_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "WatchBgpPeers",
+			Handler:       _BgpService_WatchBgpPeers_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "lbd/v1/api.proto",
 }
 
