@@ -27,7 +27,7 @@ import (
 // runs the test binary).
 const root = "../.."
 
-// binDir holds lbd and lbd-k8s-adapter built from this tree by TestMain.
+// binDir holds lbd, lbd-k8s-adapter and lbctl built from this tree by TestMain.
 var binDir string
 
 func TestMain(m *testing.M) {
@@ -41,10 +41,15 @@ func runTests(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	cmd := exec.Command("go", "build", "-o", dir+string(filepath.Separator), "./cmd/lbd", "./cmd/lbd-k8s-adapter")
+	// The adapter's user runs lbctl from here (TestAdapterIdentity).
+	if err := os.Chmod(dir, 0o755); err != nil {
+		fmt.Fprintf(os.Stderr, "open binary dir: %v\n", err)
+		return 1
+	}
+	cmd := exec.Command("go", "build", "-o", dir+string(filepath.Separator), "./cmd/lbd", "./cmd/lbd-k8s-adapter", "./cmd/lbctl")
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build lbd and lbd-k8s-adapter: %v\n%s", err, out)
+		fmt.Fprintf(os.Stderr, "build lbd, lbd-k8s-adapter and lbctl: %v\n%s", err, out)
 		return 1
 	}
 	binDir = dir

@@ -165,8 +165,20 @@ func TestHelmChart(t *testing.T) {
 					t.Errorf("%s: %v, want an HTTP GET of %v", probe, g, want)
 				}
 			}
-			// The rendered configuration, as the container reads it, with lbd's own parser.
-			file := filepath.Join(t.TempDir(), "lbd.yaml")
+			// The rendered configuration, as the container reads it, with lbd's own parser;
+			// the files it names in the ConfigMap's mount (the policy) are the ConfigMap's.
+			dir := t.TempDir()
+			if strings.Contains(lbdYAML, configMapMount) && !mounts(c, "template", configMapMount) {
+				t.Errorf("lbd.yaml names files in %s, and the lbd container does not mount the ConfigMap there", configMapMount)
+			}
+			for k, v := range get(map[string]any(cm), "data").(map[string]any) {
+				f := filepath.Join(dir, k)
+				if err := os.WriteFile(f, []byte(fmt.Sprint(v)), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				lbdYAML = strings.ReplaceAll(lbdYAML, configMapMount+"/"+k, f)
+			}
+			file := filepath.Join(dir, "lbd.yaml")
 			if err := os.WriteFile(file, []byte(lbdYAML), 0o600); err != nil {
 				t.Fatal(err)
 			}
@@ -183,6 +195,20 @@ func TestHelmChart(t *testing.T) {
 			}
 		})
 	}
+}
+
+// configMapMount is where the LB nodes' containers mount the lbd-lb ConfigMap.
+const configMapMount = "/etc/lbd-template"
+
+// mounts reports whether container c mounts volume at dir.
+func mounts(c map[string]any, volume, dir string) bool {
+	l, _ := c["volumeMounts"].([]any)
+	for _, m := range l {
+		if mm, _ := m.(map[string]any); mm["name"] == volume && mm["mountPath"] == dir {
+			return true
+		}
+	}
+	return false
 }
 
 // renderNodeConfig renders an lbd configuration template the way the node-config init

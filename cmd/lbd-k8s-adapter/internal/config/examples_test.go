@@ -123,11 +123,19 @@ func checkConfigMap(t *testing.T, file string, obj runtime.Object) int {
 		return 0
 	}
 	n := 0
+	// The keys as the containers see them where the ConfigMap is mounted (lbd's policy
+	// file): lbd's configuration names them there.
+	dir := t.TempDir()
+	mounted := map[string]string{}
 	for key, val := range cm.Data {
-		path := filepath.Join(t.TempDir(), key)
+		path := filepath.Join(dir, key)
 		if err := os.WriteFile(path, []byte(val), 0o600); err != nil {
 			t.Fatal(err)
 		}
+		mounted[templateMount+"/"+key] = path
+	}
+	for key := range cm.Data {
+		path := filepath.Join(dir, key)
 		switch key {
 		case "k8s-adapter.yaml":
 			n++
@@ -144,6 +152,9 @@ func checkConfigMap(t *testing.T, file string, obj runtime.Object) int {
 			if err != nil {
 				t.Errorf("%s: ConfigMap %s: %s: %v", file, cm.Name, key, err)
 				continue
+			}
+			for in, local := range mounted {
+				rendered = strings.ReplaceAll(rendered, in, local)
 			}
 			if err := os.WriteFile(path, []byte(rendered), 0o600); err != nil {
 				t.Fatal(err)
@@ -163,9 +174,17 @@ func checkConfigMap(t *testing.T, file string, obj runtime.Object) int {
 			if err != nil {
 				t.Errorf("%s: ConfigMap %s: lbd.yaml: %v", file, cm.Name, err)
 			}
+		case "policy.yaml":
+			// lbd's policy: loaded, and so checked, by lbd's configuration that names it.
+			if !strings.Contains(cm.Data["lbd.yaml.tmpl"]+cm.Data["lbd.yaml"], templateMount+"/"+key) {
+				t.Errorf("%s: ConfigMap %s: %s, which lbd's configuration does not name", file, cm.Name, key)
+			}
 		default:
 			t.Errorf("%s: ConfigMap %s: unexpected key %q", file, cm.Name, key)
 		}
 	}
 	return n
 }
+
+// templateMount is where the LB nodes' containers mount the lbd-lb ConfigMap.
+const templateMount = "/etc/lbd-template"

@@ -11,9 +11,17 @@ app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | qu
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
-{{/* lbd's configuration for a role: the values' config under what the chart decides. */}}
+{{/* lbd's configuration for a role: the values' config under what the chart decides.
+On LB nodes with the adapter, the socket is open to the adapter's group and the policy
+(policy.yaml of the lbd-lb ConfigMap) makes the adapter a writer of its owners only. */}}
 {{- define "lbd.config" -}}
-{{- $fixed := dict "state_dir" "/var/lib/lbd" "api" (dict "socket" "/run/lbd/lbd.sock") "roles" (list .role) "metrics_listen" (printf "127.0.0.1:%d" (int .root.Values.metricsPort)) -}}
+{{- $api := dict "socket" "/run/lbd/lbd.sock" -}}
+{{- if and (eq .role "lb") .root.Values.adapter.enabled -}}
+{{- $_ := set $api "socket_mode" "0660" -}}
+{{- $_ := set $api "socket_group" (toString .root.Values.adapter.runAsGroup) -}}
+{{- $_ := set $api "policy_file" "/etc/lbd-template/policy.yaml" -}}
+{{- end -}}
+{{- $fixed := dict "state_dir" "/var/lib/lbd" "api" $api "roles" (list .role) "metrics_listen" (printf "127.0.0.1:%d" (int .root.Values.metricsPort)) -}}
 {{- toYaml (mergeOverwrite (deepCopy .config) $fixed) -}}
 {{- end -}}
 
@@ -23,7 +31,8 @@ httpGet: {host: 127.0.0.1, port: {{ .port }}, path: {{ .path }}}
 {{ toYaml .timing }}
 {{- end -}}
 
-{{/* The lbd container of a DaemonSet, with its probes; configVolume holds lbd.yaml. */}}
+{{/* The lbd container of a DaemonSet, with its probes; configVolume holds lbd.yaml,
+and with policy the template volume holds policy.yaml. */}}
 {{- define "lbd.container" -}}
 - name: lbd
   image: {{ include "lbd.image" .root }}
@@ -41,6 +50,9 @@ httpGet: {host: 127.0.0.1, port: {{ .port }}, path: {{ .path }}}
   {{- end }}
   volumeMounts:
     - {name: {{ .configVolume }}, mountPath: /etc/lbd, readOnly: true}
+    {{- if .policy }}
+    - {name: template, mountPath: /etc/lbd-template, readOnly: true}
+    {{- end }}
     - {name: run, mountPath: /run/lbd}
     - {name: state, mountPath: /var/lib/lbd}
     - {name: bpffs, mountPath: /sys/fs/bpf}
