@@ -36,6 +36,10 @@ type RateLimit struct {
 	// MaxOpen is how many calls (unary calls and streams) a principal may have open at
 	// once; 0 disables the limit.
 	MaxOpen int `json:"max_open"`
+	// MaxStreams is how many streams (watches) a principal may have open at once; each
+	// holds a snapshot of the services until its client has read it. 0 disables the
+	// limit.
+	MaxStreams int `json:"max_streams"`
 }
 
 // Defaults of the API's limits.
@@ -44,6 +48,7 @@ const (
 	defaultMaxConcurrentStreams = 100
 	defaultMaxRecvMsgBytes      = 16 << 20
 	defaultMaxOpen              = 64
+	defaultMaxStreams           = 16
 )
 
 func defaultAPI() API {
@@ -53,7 +58,7 @@ func defaultAPI() API {
 		MaxWatchers:          defaultMaxWatchers,
 		PolicyCheckInterval:  Duration(5 * time.Second),
 		Audit:                Audit{MaxSizeMB: 100, MaxBackups: 10},
-		RateLimit:            RateLimit{Rate: 200, Burst: 400, MaxOpen: defaultMaxOpen},
+		RateLimit:            RateLimit{Rate: 200, Burst: 400, MaxOpen: defaultMaxOpen, MaxStreams: defaultMaxStreams},
 		MaxConcurrentStreams: defaultMaxConcurrentStreams,
 		MaxRecvMsgBytes:      defaultMaxRecvMsgBytes,
 		StreamSendTimeout:    Duration(30 * time.Second),
@@ -114,6 +119,9 @@ func (a API) validateSecurity() []error {
 	}
 	if a.RateLimit.MaxOpen < 0 {
 		errs = append(errs, fmt.Errorf("api.rate_limit.max_open: must not be negative, got %d", a.RateLimit.MaxOpen))
+	}
+	if a.RateLimit.MaxStreams < 0 {
+		errs = append(errs, fmt.Errorf("api.rate_limit.max_streams: must not be negative, got %d", a.RateLimit.MaxStreams))
 	}
 	if a.MaxConcurrentStreams < 1 {
 		errs = append(errs, errors.New("api.max_concurrent_streams: must be at least 1"))

@@ -23,8 +23,8 @@ import (
 // call's headers, before lbd reads its request. A request larger than lbd accepts is
 // refused for its size while its principal is within its rate, and by the rate limit
 // once above it (were the rate checked after the request was read, the size would
-// refuse it first, every time). A principal with api.rate_limit.max_open calls open is
-// refused another until one of them ends.
+// refuse it first, every time). A principal with api.rate_limit.max_streams streams open
+// is refused another until one of them ends, and may still make unary calls.
 func TestLimitsBeforeRead(t *testing.T) {
 	f := newTLSFixture(t)
 	in := newInstance(t)
@@ -33,7 +33,7 @@ func TestLimitsBeforeRead(t *testing.T) {
 	const sender, watcher = "spiffe://lbd.test/sender", "spiffe://lbd.test/watcher"
 	policy := writeFile(t, dir, "policy.yaml", fmt.Appendf(nil, "rules:\n  - role: reader\n    principals: [%q, %q]\n", sender, watcher))
 	cfg := writeFile(t, dir, "lbd.yaml", fmt.Appendf(nil, "api:\n  policy_file: %s\n  max_recv_msg_bytes: 65536\n"+
-		"  rate_limit:\n    rate: 2\n    burst: 3\n    max_open: 2\n", policy))
+		"  rate_limit:\n    rate: 2\n    burst: 3\n    max_open: 3\n    max_streams: 2\n", policy))
 	startLBD(t, in, append(f.args(addr), "--config", cfg)...)
 	roots := x509.NewCertPool()
 	roots.AddCert(f.ca.cert)
@@ -71,7 +71,8 @@ func TestLimitsBeforeRead(t *testing.T) {
 	})
 
 	t.Run("open", func(t *testing.T) {
-		lb := lbdv1.NewLoadBalancerServiceClient(dial(watcher))
+		conn := dial(watcher)
+		lb := lbdv1.NewLoadBalancerServiceClient(conn)
 		// watch opens a watch and returns once lbd has answered it (SYNCED: the store is
 		// empty) or refused it.
 		watch := func() (context.CancelFunc, error) {
@@ -89,12 +90,15 @@ func TestLimitsBeforeRead(t *testing.T) {
 		for i := range 2 {
 			end, err := watch()
 			if err != nil {
-				t.Fatalf("watch %d of max_open 2: %v", i, err)
+				t.Fatalf("watch %d of max_streams 2: %v", i, err)
 			}
 			open = append(open, end)
 		}
-		if _, err := watch(); !rateLimited(err) || !strings.Contains(err.Error(), "max_open") {
-			t.Fatalf("a third watch while two are open: %v, want a refusal naming api.rate_limit.max_open", err)
+		if _, err := watch(); !rateLimited(err) || !strings.Contains(err.Error(), "max_streams") {
+			t.Fatalf("a third watch while two are open: %v, want a refusal naming api.rate_limit.max_streams", err)
+		}
+		if _, err := lbdv1.NewNodeServiceClient(conn).GetNode(ctxT(t), &lbdv1.GetNodeRequest{}); err != nil {
+			t.Fatalf("a unary call while two watches are open: %v", err)
 		}
 		open[0]()
 		// lbd counts the watch ended once it has seen the client's cancellation.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -16,6 +17,8 @@ import (
 	"github.com/lbd-dev/lbd/daemon/throttle"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
 )
 
 // apiWindow is the API's flow-control window per stream and per connection.
@@ -52,6 +55,7 @@ func newSecurity(c config.API, st *store.Store, met *metrics.Metrics, log hclog.
 		trail: audit.Open(audit.Options{File: c.Audit.File, MaxSizeMB: c.Audit.MaxSizeMB, MaxBackups: c.Audit.MaxBackups,
 			MaxAgeDays: c.Audit.MaxAgeDays, Logger: log.Named("audit")}),
 		limiter: throttle.New(throttle.Options{Rate: c.RateLimit.Rate, Burst: c.RateLimit.Burst, MaxOpen: c.RateLimit.MaxOpen,
+			MaxStreams: c.RateLimit.MaxStreams, IsStream: isStream,
 			SendTimeout: time.Duration(c.StreamSendTimeout),
 			// Root and lbd's user on the socket own the node (and the state file): a rate
 			// would protect lbd from nobody, and would fail their scripts' bulk changes.
@@ -99,3 +103,19 @@ func (s *apiSecurity) run(ctx context.Context, hup <-chan os.Signal) { s.reloade
 
 // close closes the audit file.
 func (s *apiSecurity) close() error { return s.trail.Close() }
+
+// isStream reports whether method ("/package.Service/Method") streams, from its
+// registered descriptor.
+func isStream(method string) bool {
+	svc, name, _ := strings.Cut(strings.TrimPrefix(method, "/"), "/")
+	d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(svc))
+	if err != nil {
+		return false
+	}
+	sd, ok := d.(protoreflect.ServiceDescriptor)
+	if !ok {
+		return false
+	}
+	md := sd.Methods().ByName(protoreflect.Name(name))
+	return md != nil && (md.IsStreamingServer() || md.IsStreamingClient())
+}

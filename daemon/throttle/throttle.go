@@ -29,6 +29,11 @@ type Options struct {
 	// MaxOpen is how many calls (unary calls and streams) each principal may have open
 	// at once; 0 disables the limit.
 	MaxOpen int
+	// MaxStreams is how many of those may be streams (a watch holds a snapshot of the
+	// services for as long as its client takes to read it); 0 disables the limit.
+	// IsStream says which methods stream.
+	MaxStreams int
+	IsStream   func(method string) bool
 	// Exempt says which identities no rate applies to (nil: none).
 	Exempt func(authz.Identity) bool
 	// SendTimeout bounds how long one message of a stream may wait for the client to
@@ -56,9 +61,10 @@ type Limiter struct {
 }
 
 type client struct {
-	lim  *rate.Limiter
-	last time.Time
-	open int // calls admitted and not yet ended
+	lim     *rate.Limiter
+	last    time.Time
+	open    int // calls admitted and not yet ended
+	streams int // of which streams
 }
 
 // New returns a limiter.
@@ -100,8 +106,8 @@ func IsLimited(err error) bool {
 // The refusal waits RefusalDelay, during which lbd reads nothing more from that
 // connection: a client that retries at once, in a loop, is slowed to one call per
 // RefusalDelay per connection instead of costing lbd work at its own pace.
-func (l *Limiter) TapHandle(ctx context.Context, _ *tap.Info) (context.Context, error) {
-	if l.opts.Rate <= 0 && l.opts.MaxOpen <= 0 {
+func (l *Limiter) TapHandle(ctx context.Context, info *tap.Info) (context.Context, error) {
+	if l.opts.Rate <= 0 && l.opts.MaxOpen <= 0 && l.opts.MaxStreams <= 0 {
 		return ctx, nil
 	}
 	id, err := authz.IdentityOf(ctx)
@@ -109,10 +115,11 @@ func (l *Limiter) TapHandle(ctx context.Context, _ *tap.Info) (context.Context, 
 		return ctx, nil // without an identity, the authorization refuses it
 	}
 	key := string(id.Transport) + " " + id.Principal()
-	c, why := l.admit(key)
+	stream := l.opts.IsStream != nil && l.opts.IsStream(info.FullMethodName)
+	c, why := l.admit(key, stream)
 	if why == "" {
 		// The stream's context ends with the stream, whichever way it ends.
-		context.AfterFunc(ctx, func() { l.release(c) })
+		context.AfterFunc(ctx, func() { l.release(c, stream) })
 		return ctx, nil
 	}
 	l.limited.WithLabelValues(string(id.Transport)).Inc()
@@ -127,7 +134,7 @@ func (l *Limiter) TapHandle(ctx context.Context, _ *tap.Info) (context.Context, 
 
 // admit takes a call from key's budget and counts it open; it returns why not if it
 // cannot.
-func (l *Limiter) admit(key string) (*client, string) {
+func (l *Limiter) admit(key string, stream bool) (*client, string) {
 	now := time.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -150,18 +157,27 @@ func (l *Limiter) admit(key string) (*client, string) {
 	if l.opts.MaxOpen > 0 && c.open >= l.opts.MaxOpen {
 		return nil, fmt.Sprintf("has %d calls open, the most a principal may (api.rate_limit.max_open)", c.open)
 	}
+	if stream && l.opts.MaxStreams > 0 && c.streams >= l.opts.MaxStreams {
+		return nil, fmt.Sprintf("has %d streams open, the most a principal may (api.rate_limit.max_streams)", c.streams)
+	}
 	if l.opts.Rate > 0 && !c.lim.AllowN(now, 1) {
 		return nil, fmt.Sprintf("made more than %g calls per second (burst %d, api.rate_limit)", l.opts.Rate, l.opts.Burst)
 	}
 	c.open++
+	if stream {
+		c.streams++
+	}
 	return c, ""
 }
 
 // release counts one of c's calls ended.
-func (l *Limiter) release(c *client) {
+func (l *Limiter) release(c *client, stream bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	c.open--
+	if stream {
+		c.streams--
+	}
 }
 
 // StreamInterceptor implements grpc.StreamServerInterceptor. With a send timeout, the

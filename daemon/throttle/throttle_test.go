@@ -19,9 +19,13 @@ func asUID(uid uint32) (ctx context.Context, cancel func()) {
 // open starts a call of uid through the tap handle; the call stays open until the test
 // ends.
 func open(t *testing.T, l *Limiter, uid uint32) (cancel func(), err error) {
+	return openMethod(t, l, uid, "/lbd.v1.LoadBalancerService/GetService")
+}
+
+func openMethod(t *testing.T, l *Limiter, uid uint32, method string) (cancel func(), err error) {
 	ctx, cancel := asUID(uid)
 	t.Cleanup(cancel)
-	_, err = l.TapHandle(ctx, &tap.Info{FullMethodName: "/lbd.v1.LoadBalancerService/GetService"})
+	_, err = l.TapHandle(ctx, &tap.Info{FullMethodName: method})
 	return cancel, err
 }
 
@@ -85,5 +89,37 @@ func TestOpenCallsPerPrincipal(t *testing.T) {
 	}
 	if _, err := open(t, l, 1000); !IsLimited(err) {
 		t.Fatalf("a call while three are open again: %v, want a refusal", err)
+	}
+}
+
+// TestStreamsPerPrincipal: a principal with MaxStreams streams open is refused another,
+// not a unary call, until one of its streams ends.
+func TestStreamsPerPrincipal(t *testing.T) {
+	const watch = "/lbd.v1.LoadBalancerService/WatchServices"
+	l := New(Options{MaxOpen: 10, MaxStreams: 2, IsStream: func(m string) bool { return m == watch }})
+	var ends []func()
+	for i := range 2 {
+		end, err := openMethod(t, l, 1000, watch)
+		if err != nil {
+			t.Fatalf("stream %d of 2: %v", i, err)
+		}
+		ends = append(ends, end)
+	}
+	if _, err := openMethod(t, l, 1000, watch); !IsLimited(err) {
+		t.Fatalf("a third stream while two are open: %v, want a refusal", err)
+	}
+	if _, err := open(t, l, 1000); err != nil {
+		t.Fatalf("a unary call while two streams are open: %v", err)
+	}
+	ends[1]()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, err := openMethod(t, l, 1000, watch)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a stream after one of two ended: %v", err)
+		}
 	}
 }
