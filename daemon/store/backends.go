@@ -48,7 +48,7 @@ func (s *Store) editBackends(serviceName string, check OwnerCheck, edit func(svc
 	if err := t.commit(); err != nil {
 		return nil, err
 	}
-	return s.GetService(serviceName)
+	return s.committed(svc), nil
 }
 
 func findBackend(svc *lbdv1.Service, k netip.AddrPort) int {

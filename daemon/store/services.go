@@ -29,7 +29,16 @@ func (s *Store) createService(in *lbdv1.Service, check OwnerCheck) (*lbdv1.Servi
 	if err := t.commit(); err != nil {
 		return nil, err
 	}
-	return s.GetService(svc.Name)
+	return s.committed(svc), nil
+}
+
+// committed returns a copy of svc, which a transaction of the caller has just stored,
+// with its status: what the call stored, even if another call has changed or removed
+// the service since (reading it again by name could then miss what the call changed).
+func (s *Store) committed(svc *lbdv1.Service) *lbdv1.Service {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.withStatus(svc)
 }
 
 // GetService returns a copy of a service with its status.
@@ -117,7 +126,7 @@ func (s *Store) updateService(in *lbdv1.Service, expectedRevision uint64, check 
 	if err := t.commit(); err != nil {
 		return nil, err
 	}
-	return s.GetService(svc.Name)
+	return s.committed(svc), nil
 }
 
 // deleteService removes a service.
