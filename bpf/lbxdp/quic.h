@@ -98,12 +98,24 @@ __noinline __u64 lb_quic_pick(struct xdp_md *ctx, __u32 off, __u32 end, __u32 sv
 		cid_off = off + 1;
 	}
 	/* The first octet of the ID, then the server ID, inside the datagram. */
-	if (cid_off + 1 + sid_len > end || bpf_xdp_load_bytes(ctx, cid_off, &first, 1))
+	if (cid_off + 1 + sid_len > end)
 		return (__u64)LB_QUIC_MALFORMED << 32;
-	if ((first >> LB_QUIC_CR_SHIFT) != (cfg & 7))
-		return (__u64)LB_QUIC_UNKNOWN_ID << 32;
-	if (bpf_xdp_load_bytes(ctx, cid_off + 1, k.sid, sid_len))
-		return (__u64)LB_QUIC_MALFORMED << 32;
+	p = data + cid_off;
+	if ((void *)(p + 1 + LB_QUIC_SID_MAX) <= data_end) {
+		/* The common case, a datagram longer than the longest server ID: read the
+		 * packet in place (no helper call), and clear what follows the ID. */
+		if ((p[0] >> LB_QUIC_CR_SHIFT) != (cfg & 7))
+			return (__u64)LB_QUIC_UNKNOWN_ID << 32;
+		for (int i = 0; i < LB_QUIC_SID_MAX; i++)
+			k.sid[i] = i < sid_len ? p[1 + i] : 0;
+	} else {
+		if (bpf_xdp_load_bytes(ctx, cid_off, &first, 1))
+			return (__u64)LB_QUIC_MALFORMED << 32;
+		if ((first >> LB_QUIC_CR_SHIFT) != (cfg & 7))
+			return (__u64)LB_QUIC_UNKNOWN_ID << 32;
+		if (bpf_xdp_load_bytes(ctx, cid_off + 1, k.sid, sid_len))
+			return (__u64)LB_QUIC_MALFORMED << 32;
+	}
 	be = bpf_map_lookup_elem(&lb_quic_sids, &k);
 	if (!be || !*be)
 		return (__u64)LB_QUIC_UNKNOWN_ID << 32;

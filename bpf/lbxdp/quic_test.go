@@ -101,6 +101,7 @@ func TestQUICRouting(t *testing.T) {
 		{"another config rotation", quicShort(quicCID(2, sidB)), quicPort, beA, QUICUnknownID},
 		{"unroutable config rotation", quicShort(quicCID(7, sidB)), quicPort, beA, QUICUnknownID},
 		{"server ID of no backend", quicShort(quicCID(1, []byte{0x0d, 0x04})), quicPort, beA, QUICUnknownID},
+		{"short datagram names B", []byte{0x41, 1<<5 | 7, 0x0b, 0x02, 1, 2, 3, 4, 5, 6, 7, 8}, quicPort, beB, QUICRouted},
 		{"datagram too short for a server ID", []byte{0x41, 1<<5 | 7, 0x0b}, quicPort, beA, QUICMalformed},
 		{"long header ID shorter than a server ID", quicLong(1, 2, []byte{1 << 5, 0x0b}), quicPort, beA, QUICMalformed},
 		{"retry from a client", quicLong(1, 3, quicCID(1, sidB)), quicPort, beA, QUICMalformed},
