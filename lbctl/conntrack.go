@@ -34,7 +34,8 @@ func (a *app) conntrackListCommand() *cobra.Command {
 		Short: "List conntrack (LB node) and NAT (backend node) entries",
 		Long: `List the flows the datapath tracks: conntrack entries on an LB node (which backend
 each client flow is pinned to) and NAT entries on a backend node (which VIP the backend's
-replies are sent from). The filters combine with AND. --limit 0 lists every entry;
+replies are sent from). The filters combine with AND. --limit 0 lists every entry
+(fetched in pages of 10,000: a flow that stays while the list runs is listed once);
 --count prints only how many match; --open leaves out flows that have ended (FIN or
 RST seen, or past their timeout and not collected yet).`,
 		Example: "  lbctl conntrack list --vip 203.0.113.10\n  lbctl conntrack list --client 2001:db8::7 --limit 10\n" +
@@ -51,9 +52,10 @@ RST seen, or past their timeout and not collected yet).`,
 	// The flag was just defined on cmd, so registration cannot fail.
 	_ = cmd.RegisterFlagCompletionFunc("vip", a.completeFlag(a.completeVIPs))
 	cmd.RunE = a.run(func(ctx context.Context, _ *cobra.Command, _ []string) error {
+		// An lbd without pages answers with limit (0 is its default of 1,000) and
+		// truncated.
 		req := &lbdv1.ListConnectionsRequest{Limit: limit, CountOnly: count, OpenOnly: open}
 		if limit == 0 {
-			// The API reads 0 as its default of 1,000.
 			req.Limit = math.MaxUint32
 		}
 		if ap, err := netip.ParseAddrPort(backend); err == nil {
@@ -71,7 +73,7 @@ RST seen, or past their timeout and not collected yet).`,
 		if err != nil {
 			return err
 		}
-		resp, err := lb.ListConnections(ctx, req)
+		resp, err := listConnections(ctx, lb, req, limit)
 		if err != nil {
 			return err
 		}
@@ -82,6 +84,39 @@ RST seen, or past their timeout and not collected yet).`,
 		return a.print(resp, func(w io.Writer) { a.writeConnections(w, resp) })
 	})
 	return cmd
+}
+
+// connectionPage is how many entries lbctl asks for at once: the API's largest page.
+const connectionPage = 10000
+
+// listConnections lists the entries req selects in pages, following next_page_token
+// until limit entries (0: every one); Truncated says that more matched. With
+// count_only, one call counts them.
+func listConnections(ctx context.Context, lb lbdv1.LoadBalancerServiceClient, req *lbdv1.ListConnectionsRequest, limit uint32) (*lbdv1.ListConnectionsResponse, error) {
+	if req.CountOnly {
+		return lb.ListConnections(ctx, req)
+	}
+	out := &lbdv1.ListConnectionsResponse{}
+	for {
+		req.PageSize = connectionPage
+		if limit > 0 {
+			req.PageSize = int32(min(uint32(connectionPage), limit-uint32(len(out.Connections))))
+		}
+		resp, err := lb.ListConnections(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		out.Connections = append(out.Connections, resp.Connections...)
+		if resp.NextPageToken == "" {
+			out.Truncated = resp.Truncated
+			return out, nil
+		}
+		if limit > 0 && uint32(len(out.Connections)) >= limit {
+			out.Truncated = true
+			return out, nil
+		}
+		req.PageToken = resp.NextPageToken
+	}
 }
 
 // addrFilter is an address flag (--name) whose value goes into a request field.

@@ -283,14 +283,16 @@ func TestConntrackList(t *testing.T) {
 		}
 	}
 
-	wantReq := &lbdv1.ListConnectionsRequest{Vip: "2001:db8::10", ClientAddress: "198.51.100.7", BackendAddress: "2001:db8::20", Limit: 4}
+	// In pages of at most the limit; limit and truncated for an lbd without pages (as
+	// this fake answers).
+	wantReq := &lbdv1.ListConnectionsRequest{Vip: "2001:db8::10", ClientAddress: "198.51.100.7", BackendAddress: "2001:db8::20", Limit: 4, PageSize: 4}
 	if _, lists := f.requests(); len(lists) != 1 || !proto.Equal(lists[0], wantReq) {
 		t.Errorf("requests %v, want %v", lists, wantReq)
 	}
 	// Without flags: no filter, the default limit.
 	var resp lbdv1.ListConnectionsResponse
 	parseJSON(t, ok(t, srv, "conntrack", "list", "-o", "json"), &resp)
-	if _, lists := f.requests(); len(lists) != 2 || !proto.Equal(lists[1], &lbdv1.ListConnectionsRequest{Limit: 1000}) {
+	if _, lists := f.requests(); len(lists) != 2 || !proto.Equal(lists[1], &lbdv1.ListConnectionsRequest{Limit: 1000, PageSize: 1000}) {
 		t.Errorf("requests %v, want a last one without filters and with limit 1000", lists)
 	}
 	if !resp.Truncated || len(resp.Connections) != 4 || resp.Connections[0].ClientPort != 999 || resp.Connections[3].Table != "nat" {

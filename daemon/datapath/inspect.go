@@ -282,16 +282,29 @@ func (m *Manager) ListConnections(_ context.Context, r *lbdv1.ListConnectionsReq
 		return match(r.BackendAddress, be.Addr()) && (r.BackendPort == 0 || uint32(be.Port()) == r.BackendPort)
 	}
 	resp := &lbdv1.ListConnectionsResponse{}
-	add := func(c func() *lbdv1.Connection) bool {
-		if r.CountOnly {
-			resp.MatchedCount++
-			return true
+	var page *connPage
+	if size := int(r.GetPageSize()); size != 0 && !r.CountOnly {
+		if size < 0 {
+			return nil, status.Errorf(codes.InvalidArgument, "page_size: %d is negative", size)
 		}
-		if len(resp.Connections) >= limit {
+		after, err := decodeConnPageToken(r)
+		if err != nil {
+			return nil, err
+		}
+		page = &connPage{after: after, size: min(size, MaxConnectionPage)}
+	}
+	add := func(k connKey, c func() *lbdv1.Connection) bool {
+		switch {
+		case r.CountOnly:
+			resp.MatchedCount++
+		case page != nil:
+			page.offer(k, c)
+		case len(resp.Connections) >= limit:
 			resp.Truncated = true
 			return false
+		default:
+			resp.Connections = append(resp.Connections, c())
 		}
-		resp.Connections = append(resp.Connections, c())
 		return true
 	}
 	if m.lb != nil {
@@ -313,7 +326,7 @@ func (m *Manager) ListConnections(_ context.Context, r *lbdv1.ListConnectionsReq
 			if r.OpenOnly && (e.Expired(now) || e.State == lbxdp.CTClosing || e.State == lbxdp.CTSCTPShutdown || e.State == lbxdp.CTSCTPClosed) {
 				return true
 			}
-			return add(func() *lbdv1.Connection {
+			return add(connKey{Table: tableConntrack, Proto: e.Flow.Proto, Client: e.Flow.Src, VIP: e.Flow.Dst, Backend: be}, func() *lbdv1.Connection {
 				return &lbdv1.Connection{
 					Protocol: protoEnum(e.Flow.Proto), Table: "conntrack",
 					ClientAddress: e.Flow.Src.Addr().String(), ClientPort: uint32(e.Flow.Src.Port()),
@@ -340,7 +353,7 @@ func (m *Manager) ListConnections(_ context.Context, r *lbdv1.ListConnectionsReq
 			if r.OpenOnly && (e.Closing || nat.expired(e)) {
 				continue
 			}
-			if !add(func() *lbdv1.Connection {
+			if !add(connKey{Table: tableNAT, Proto: uint8(e.Proto), Client: e.Client, VIP: e.VIP, Backend: e.Backend}, func() *lbdv1.Connection {
 				return &lbdv1.Connection{
 					Protocol: protoEnum(uint8(e.Proto)), Table: "nat",
 					ClientAddress: e.Client.Addr().String(), ClientPort: uint32(e.Client.Port()),
@@ -352,6 +365,9 @@ func (m *Manager) ListConnections(_ context.Context, r *lbdv1.ListConnectionsReq
 				break
 			}
 		}
+	}
+	if page != nil {
+		page.fill(resp, connFilters(r))
 	}
 	return resp, nil
 }

@@ -1761,7 +1761,16 @@ type ListConnectionsRequest struct {
 	OpenOnly bool `protobuf:"varint,6,opt,name=open_only,json=openOnly,proto3" json:"open_only,omitempty"`
 	// Count the matching entries instead of listing them: connections stays empty,
 	// matched_count is set, and limit does not apply.
-	CountOnly     bool `protobuf:"varint,7,opt,name=count_only,json=countOnly,proto3" json:"count_only,omitempty"`
+	CountOnly bool `protobuf:"varint,7,opt,name=count_only,json=countOnly,proto3" json:"count_only,omitempty"`
+	// List in pages (AIP-158) of at most this many entries (above 10000, 10000); limit
+	// and truncated then do not apply. Pages follow the entries' order (table, protocol,
+	// client, VIP, backend), so an entry that exists throughout a listing is in exactly
+	// one page however the tables change in between; one that comes or goes meanwhile
+	// may or may not be. Each page costs a pass over the tables. 0: no pages.
+	PageSize int32 `protobuf:"varint,8,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// The next_page_token of the previous response, for the page that follows it. The
+	// filters must be the same as in that request.
+	PageToken     string `protobuf:"bytes,9,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1845,13 +1854,30 @@ func (x *ListConnectionsRequest) GetCountOnly() bool {
 	return false
 }
 
+func (x *ListConnectionsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListConnectionsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListConnectionsResponse struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Connections []*Connection          `protobuf:"bytes,1,rep,name=connections,proto3" json:"connections,omitempty"`
-	// True if more entries matched than were returned.
+	// True if more entries matched than were returned (without page_size).
 	Truncated bool `protobuf:"varint,2,opt,name=truncated,proto3" json:"truncated,omitempty"`
 	// With count_only: how many entries matched.
-	MatchedCount  uint64 `protobuf:"varint,3,opt,name=matched_count,json=matchedCount,proto3" json:"matched_count,omitempty"`
+	MatchedCount uint64 `protobuf:"varint,3,opt,name=matched_count,json=matchedCount,proto3" json:"matched_count,omitempty"`
+	// With page_size: set when more entries follow; pass it as page_token. Empty on the
+	// last page.
+	NextPageToken string `protobuf:"bytes,4,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1905,6 +1931,13 @@ func (x *ListConnectionsResponse) GetMatchedCount() uint64 {
 		return x.MatchedCount
 	}
 	return 0
+}
+
+func (x *ListConnectionsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type ListSocketTranslationsRequest struct {
@@ -3300,7 +3333,7 @@ const file_lbd_v1_api_proto_rawDesc = "" +
 	"\x17MonitorDatapathResponse\x12*\n" +
 	"\x05event\x18\x01 \x01(\v2\x14.lbd.v1.MonitorEventR\x05event\x12\x1f\n" +
 	"\vlost_events\x18\x02 \x01(\x04R\n" +
-	"lostEvents\"\xef\x01\n" +
+	"lostEvents\"\xab\x02\n" +
 	"\x16ListConnectionsRequest\x12\x10\n" +
 	"\x03vip\x18\x01 \x01(\tR\x03vip\x12%\n" +
 	"\x0eclient_address\x18\x02 \x01(\tR\rclientAddress\x12'\n" +
@@ -3309,11 +3342,15 @@ const file_lbd_v1_api_proto_rawDesc = "" +
 	"\fbackend_port\x18\x05 \x01(\rR\vbackendPort\x12\x1b\n" +
 	"\topen_only\x18\x06 \x01(\bR\bopenOnly\x12\x1d\n" +
 	"\n" +
-	"count_only\x18\a \x01(\bR\tcountOnly\"\x92\x01\n" +
+	"count_only\x18\a \x01(\bR\tcountOnly\x12\x1b\n" +
+	"\tpage_size\x18\b \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\t \x01(\tR\tpageToken\"\xba\x01\n" +
 	"\x17ListConnectionsResponse\x124\n" +
 	"\vconnections\x18\x01 \x03(\v2\x12.lbd.v1.ConnectionR\vconnections\x12\x1c\n" +
 	"\ttruncated\x18\x02 \x01(\bR\ttruncated\x12#\n" +
-	"\rmatched_count\x18\x03 \x01(\x04R\fmatchedCount\"p\n" +
+	"\rmatched_count\x18\x03 \x01(\x04R\fmatchedCount\x12&\n" +
+	"\x0fnext_page_token\x18\x04 \x01(\tR\rnextPageToken\"p\n" +
 	"\x1dListSocketTranslationsRequest\x12\x10\n" +
 	"\x03vip\x18\x01 \x01(\tR\x03vip\x12'\n" +
 	"\x0fbackend_address\x18\x02 \x01(\tR\x0ebackendAddress\x12\x14\n" +
