@@ -91,10 +91,11 @@ func TestScale(t *testing.T) {
 
 // BenchmarkScale measures, at 10,000 services × 10 backends: the time from an
 // ApplyServices call into an empty lbd until the maps hold every service (s-to-maps,
-// with the default and with explicit 65,537-slot tables), lbd's RSS and the map memory
-// then (rss-MiB, maps-MiB, conntrack-MiB apart); a restart that keeps the pins (api-s,
-// trace-s, ready-s; the map entries its first sync wrote, writes, which must be none;
-// and the RSS and map memory after it, also as ratios to before:
+// with the default and with explicit 65,537-slot tables), lbd's CPU time meanwhile
+// (lbd-cpu-s), its RSS and the map memory then (rss-MiB, maps-MiB, conntrack-MiB
+// apart); a restart that keeps the pins (api-s, trace-s, ready-s; lbd's CPU time from
+// its start until ready, lbd-cpu-s; the map entries its first sync wrote, writes,
+// which must be none; and the RSS and map memory after it, also as ratios to before:
 // x-rss, x-maps); `lbctl service list` (table-s, json-s); and 100 watchers while 1,000
 // changes stream (watch-s; lbd's RSS before the watchers connect, rss-before-MiB, and
 // how much it grew from there: at its peak while they connected and the changes
@@ -107,16 +108,18 @@ func BenchmarkScale(b *testing.B) {
 	}{{"apply-default", 0}, {"apply-65537", bigTable}} {
 		b.Run(tc.name, func(b *testing.B) {
 			in := scaleServices(scaleBenchServices, scaleBackends, tc.table)
-			var took, call time.Duration
+			var took, call, cpu time.Duration
 			var rss, svcMem, learned float64
 			for b.Loop() {
 				b.StopTimer()
 				n := newScaleNode(b)
 				n.start()
 				n.waitFor("an empty node ready", time.Minute, n.ready)
+				c0 := n.cpuTime()
 				b.StartTimer()
 				d, c := n.applyAll(in)
 				b.StopTimer()
+				cpu += n.cpuTime() - c0
 				n.traceSample(in, 50)
 				took, call = took+d, call+c
 				m, l, _ := n.mapMemory()
@@ -127,6 +130,7 @@ func BenchmarkScale(b *testing.B) {
 			per := float64(b.N)
 			b.ReportMetric(took.Seconds()/per, "s-to-maps")
 			b.ReportMetric(call.Seconds()/per, "call-s")
+			b.ReportMetric(cpu.Seconds()/per, "lbd-cpu-s")
 			b.ReportMetric(rss/per/mib, "rss-MiB")
 			b.ReportMetric(svcMem/per/mib, "maps-MiB")
 			b.ReportMetric(learned/per/mib, "conntrack-MiB")
@@ -151,7 +155,7 @@ func BenchmarkScale(b *testing.B) {
 				b.Fatalf("the sync after a restart wrote %d map entries, want none", r.writes)
 			}
 			writes += r.writes
-			sum.api, sum.trace, sum.ready = sum.api+r.api, sum.trace+r.trace, sum.ready+r.ready
+			sum.api, sum.trace, sum.ready, sum.cpu = sum.api+r.api, sum.trace+r.trace, sum.ready+r.ready, sum.cpu+r.cpu
 			b.StopTimer()
 			m, _, _ := node.mapMemory()
 			rss, maps = rss+float64(node.rssBytes()), maps+float64(m)
@@ -162,6 +166,7 @@ func BenchmarkScale(b *testing.B) {
 		b.ReportMetric(sum.api.Seconds()/per, "api-s")
 		b.ReportMetric(sum.trace.Seconds()/per, "trace-s")
 		b.ReportMetric(sum.ready.Seconds()/per, "ready-s")
+		b.ReportMetric(sum.cpu.Seconds()/per, "lbd-cpu-s")
 		b.ReportMetric(float64(writes)/per, "writes")
 		b.ReportMetric(rss/per/mib, "rss-MiB")
 		b.ReportMetric(rss/per/rssBefore, "x-rss")
@@ -205,6 +210,7 @@ func BenchmarkScale(b *testing.B) {
 // entries the first sync wrote, as lbd's log says.
 type restartRun struct {
 	api, trace, ready time.Duration
+	cpu               time.Duration // lbd's CPU time from its start until ready
 	drain             *error
 	writes            uint64
 }
@@ -232,6 +238,7 @@ func (n *scaleNode) restart(svcs []*lbdv1.Service, drain bool) restartRun {
 		}).Sub(start)
 	})
 	r.ready = n.waitFor("readiness after a restart", 10*time.Minute, n.ready).Sub(start)
+	r.cpu = n.cpuTime()
 	wg.Wait()
 	r.writes = n.syncWrites()
 	if r.drain != nil && drained == nil {

@@ -322,6 +322,29 @@ func (n *scaleNode) procStatus(field string) uint64 {
 	return 0
 }
 
+// cpuTime is the CPU time (user and system) lbd has used so far, from /proc/PID/stat:
+// on a machine shared with other work, lbd's CPU time over the CPUs available bounds
+// what its wall time would be on an idle one.
+func (n *scaleNode) cpuTime() time.Duration {
+	n.tb.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", n.proc.PID()))
+	if err != nil {
+		n.tb.Fatal(err)
+	}
+	// Fields after the command (which may hold spaces) in parentheses; utime and stime
+	// are the 14th and 15th fields, in clock ticks (USER_HZ, 100 on Linux).
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(f) < 13 {
+		n.tb.Fatalf("/proc/PID/stat: %q", b)
+	}
+	utime, err1 := strconv.ParseUint(f[11], 10, 64)
+	stime, err2 := strconv.ParseUint(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		n.tb.Fatalf("/proc/PID/stat: %q", b)
+	}
+	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
+
 // resetPeakRSS sets lbd's VmHWM to its resident set now (proc(5), clear_refs), so that
 // VmHWM read later is the peak of what happened in between, however short.
 func (n *scaleNode) resetPeakRSS() {
