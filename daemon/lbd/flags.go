@@ -1,12 +1,14 @@
 package lbd
 
 import (
-	"flag"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
 
 	"github.com/lbd-dev/lbd/daemon/config"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // listFlag is a repeatable flag; each use may also hold a comma-separated list.
@@ -22,6 +24,9 @@ func (l *listFlag) Set(v string) error {
 	}
 	return nil
 }
+
+// Type names the flag's kind in the help.
+func (l *listFlag) Type() string { return "list" }
 
 // flagValues are the values of lbd's flags once parsed.
 type flagValues struct {
@@ -49,17 +54,30 @@ type flagValues struct {
 	ifaces, lbSources listFlag
 }
 
-// FlagSet returns lbd's command-line flags, for its manual page and documentation
-// checks; Main parses the same set.
-func FlagSet() *flag.FlagSet {
-	fs, _ := newFlagSet(io.Discard)
-	return fs
+// Command returns lbd's command line (cobra, as lbctl's), for its manual page and the
+// documentation checks; Main parses the same flags.
+func Command() *cobra.Command {
+	cmd, _ := newCommand(io.Discard)
+	return cmd
 }
 
-// newFlagSet defines lbd's flags; usage and errors go to stderr.
-func newFlagSet(stderr io.Writer) (*flag.FlagSet, *flagValues) {
-	fs := flag.NewFlagSet("lbd", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+// newCommand defines lbd's command and flags; help and errors go to out.
+func newCommand(out io.Writer) (*cobra.Command, *flagValues) {
+	cmd := &cobra.Command{
+		Use:   "lbd [flags]",
+		Short: "the lbd layer-4 load-balancer daemon",
+		Long: `lbd is the lbd load-balancer daemon: an LB node (--role lb) balances VIP traffic in
+XDP and sends it Geneve-encapsulated to backend nodes (--role backend), which send the
+replies straight to the clients. The configuration file (--config) holds every
+setting; the flags override it.`,
+		Args:          cobra.NoArgs,
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		RunE:          func(*cobra.Command, []string) error { return nil },
+	}
+	cmd.SetOut(out)
+	cmd.SetErr(out)
+	fs := cmd.Flags()
 	v := &flagValues{}
 	v.cfgPath = fs.String("config", "", "configuration file (YAML; see examples/lbd.yaml)")
 	v.check = fs.Bool("check-config", false, "validate the configuration, check that its interfaces exist on this host and its addresses are assigned here, and exit")
@@ -84,13 +102,42 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *flagValues) {
 	v.socketLB = fs.Bool("socket-lb", false, "translate local processes' connections to services at the socket (any role)")
 	v.socketCgroup = fs.String("socket-lb-cgroup", "", "cgroup v2 directory whose processes socket-level load balancing translates (default: the root; implies --socket-lb)")
 	v.detach = fs.Bool("detach", false, "remove the datapath pinned under the bpffs directory and exit")
-	return fs, v
+	// cobra's own version flag would shadow lbd's --version; its help flag is -h, --help.
+	cmd.Flags().BoolP("help", "h", false, "print this help and exit")
+	return cmd, v
 }
 
-func parseFlags(args []string, stderr io.Writer) (config.Config, bool, error) {
-	fs, v := newFlagSet(stderr)
-	if err := fs.Parse(args); err != nil {
+// errHelp makes Main print the help and exit 0.
+var errHelp = errors.New("help requested")
+
+// longFlags turns a single-dash long flag (-config, -check-config=x), which lbd took
+// before its flags moved to cobra, into the double-dash form; "-h" stays the short help.
+func longFlags(fs *pflag.FlagSet, args []string) []string {
+	out := make([]string, 0, len(args))
+	for i, a := range args {
+		if a == "--" {
+			return append(out, args[i:]...)
+		}
+		if len(a) > 2 && a[0] == '-' && a[1] != '-' {
+			name, _, _ := strings.Cut(a[1:], "=")
+			if fs.Lookup(name) != nil {
+				a = "-" + a
+			}
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+func parseFlags(args []string, stdout io.Writer) (config.Config, bool, error) {
+	cmd, v := newCommand(stdout)
+	fs := cmd.Flags()
+	if err := fs.Parse(longFlags(fs, args)); err != nil {
 		return config.Config{}, false, err
+	}
+	if help, _ := fs.GetBool("help"); help {
+		// Help to stdout, as lbctl's.
+		return config.Config{}, false, errors.Join(errHelp, cmd.Help())
 	}
 	if fs.NArg() > 0 {
 		return config.Config{}, false, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
@@ -106,7 +153,7 @@ func parseFlags(args []string, stderr io.Writer) (config.Config, bool, error) {
 		}
 	}
 	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	fs.Visit(func(f *pflag.Flag) { set[f.Name] = true })
 	override := func(name string, dst *string, v string) {
 		if set[name] {
 			*dst = v

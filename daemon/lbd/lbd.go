@@ -6,7 +6,6 @@ package lbd
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os/signal"
@@ -40,12 +39,12 @@ var (
 
 // Main runs the daemon and returns its exit code.
 func Main(args []string, stdout, stderr io.Writer) int {
-	cfg, check, err := parseFlags(args, stderr)
+	cfg, check, err := parseFlags(args, stdout)
 	if errors.Is(err, errVersion) {
 		fmt.Fprintln(stdout, "lbd", Version)
 		return 0
 	}
-	if errors.Is(err, flag.ErrHelp) {
+	if errors.Is(err, errHelp) {
 		return 0
 	}
 	if errors.Is(err, errDetach) {

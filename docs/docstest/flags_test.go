@@ -87,7 +87,7 @@ func helpFlags(help string) []string {
 // helpOf runs a program with --help after args and returns what it prints.
 func helpOf(t *testing.T, bin string, args ...string) string {
 	t.Helper()
-	out, _ := exec.Command(bin, append(args, "--help")...).CombinedOutput() // lbd's flag package exits 2 after --help
+	out, _ := exec.Command(bin, append(args, "--help")...).CombinedOutput()
 	if !strings.Contains(string(out), "Usage") {
 		t.Fatalf("%s %s --help printed no usage:\n%s", filepath.Base(bin), strings.Join(args, " "), out)
 	}

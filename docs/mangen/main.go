@@ -70,7 +70,7 @@ func write(dir, version string) error {
 	return nil
 }
 
-// daemonCommand describes lbd for cobra's generator: lbd's own flag set, as lbd.Main
+// daemonCommand describes lbd for cobra's generator: lbd's own flags, as lbd.Main
 // parses it, under the command's name and description.
 func daemonCommand() *cobra.Command {
 	cmd := &cobra.Command{
@@ -92,6 +92,6 @@ Files: /etc/lbd/lbd.yaml, /var/lib/lbd/state.pb, /run/lbd/lbd.sock (the API),
 /sys/fs/bpf/lbd (pinned programs and maps); units lbd-lb.service and lbd-backend.service.`,
 		Run: func(*cobra.Command, []string) {},
 	}
-	cmd.Flags().AddGoFlagSet(lbd.FlagSet())
+	cmd.Flags().AddFlagSet(lbd.Command().Flags())
 	return cmd
 }

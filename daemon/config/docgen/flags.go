@@ -2,11 +2,11 @@ package main
 
 import (
 	"bytes"
-	"flag"
 	"fmt"
 	"strings"
 
 	"github.com/lbd-dev/lbd/daemon/lbd"
+	"github.com/spf13/pflag"
 )
 
 // flagsReference renders the section of config.md that lists lbd's command-line flags,
@@ -16,15 +16,11 @@ func flagsReference() string {
 	b.WriteString("\n## Command-line flags\n\n")
 	b.WriteString("`lbd --help` lists the same flags. A flag that names a key overrides the file's value; `--flag` and `-flag` are the same.\n\n")
 	b.WriteString("| flag | type | description |\n|---|---|---|\n")
-	lbd.FlagSet().VisitAll(func(f *flag.Flag) {
-		typ, usage := flag.UnquoteUsage(f)
-		switch typ {
-		case "":
-			typ = "bool"
-		case "value": // lbd's repeatable flags
-			typ = "list"
+	lbd.Command().Flags().VisitAll(func(f *pflag.Flag) {
+		if f.Name == "help" {
+			return
 		}
-		fmt.Fprintf(&b, "| `--%s` | %s | %s |\n", f.Name, typ, strings.ReplaceAll(usage, "|", "\\|"))
+		fmt.Fprintf(&b, "| `--%s` | %s | %s |\n", f.Name, f.Value.Type(), strings.ReplaceAll(f.Usage, "|", "\\|"))
 	})
 	return b.String()
 }

@@ -10,7 +10,6 @@ package packagetest
 import (
 	"bytes"
 	"compress/gzip"
-	"flag"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -194,7 +193,7 @@ func TestDebianPackages(t *testing.T) {
 
 	t.Run("manual pages", func(t *testing.T) {
 		page := manPage(t, in("usr/share/man/man8/lbd.8.gz"))
-		lbd.FlagSet().VisitAll(func(f *flag.Flag) {
+		lbd.Command().Flags().VisitAll(func(f *pflag.Flag) {
 			if !strings.Contains(page, "--"+f.Name) {
 				t.Errorf("lbd(8) does not document --%s", f.Name)
 			}
