@@ -186,7 +186,10 @@ func report(b *testing.B, gross, base []float64) {
 //	    Maglev table, not recorded;
 //	(b) a packet of an established flow;
 //	(c) traffic to an address that is not a VIP, passed;
-//	(d) a malformed frame (IPv4 header length 4), dropped;
+//	(d) a malformed frame (IPv4 header length 4), dropped; and the same while the
+//	    packet monitor is on (d-malformed-drop-monitored: nobody reads its ring,
+//	    so past the first second's events each drop is held back by the rate
+//	    limit), which (d) is the baseline of;
 //	a-floor-lru-insert: not lb_xdp but a program that only inserts a new
 //	    40-byte key with a 40-byte value into a full 1M-entry LRU hash
 //	    (bench_wrap.c): the floor of any design that evicts on insert, which
@@ -269,6 +272,14 @@ func BenchmarkDatapath(b *testing.B) {
 		{"b-established", benchCase{frame: est, harness: true, verdict: XDPTx, before: func(b *testing.B) { e.setGuard(b, 0) }}},
 		{"c-non-vip-pass", benchCase{frame: other, verdict: XDPPass}},
 		{"d-malformed-drop", benchCase{frame: bad, verdict: XDPDrop}},
+		// (d) while `lbctl monitor` listens and nobody reads: a second's worth of
+		// events, then each drop is held back by the rate limit (or the full ring).
+		{"d-malformed-drop-monitored", benchCase{frame: bad, verdict: XDPDrop, before: func(b *testing.B) {
+			if err := e.d.SetMonitor(MonitorConfig{Reasons: true, Rate: 1000}); err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { e.d.SetMonitor(MonitorConfig{}) })
+		}}},
 	}
 	// The floors under (a): the kernel's cost of inserting the packet's flow,
 	// nothing else, into a full LRU (every insert evicts) and into a preallocated
