@@ -75,6 +75,21 @@ LBD_INLINE __sum16 lbd_csum_ipv4_hdr(const void *hdr)
 	return (__sum16)~lbd_csum_fold(sum);
 }
 
+/* Checksum of a 20-byte IPv4 header without options, from the values of its
+ * fields rather than from memory: a header just written field by field cannot be
+ * read back as words from the CPU's store buffer, so such a read waits until
+ * every older store has reached the cache, a cold conntrack entry's among them.
+ * Each argument as it lies in the header; the sum of the 16-bit words as this
+ * little-endian target loads them. */
+LBD_INLINE __sum16 lbd_csum_ipv4_fields(__u8 tos, __be16 tot_len, __be16 id, __be16 frag_off, __u8 ttl,
+					 __u8 proto, __be32 saddr, __be32 daddr)
+{
+	__u64 sum = (__u64)(0x45 | (__u16)tos << 8) + tot_len + id + frag_off + (__u16)(ttl | (__u16)proto << 8) +
+		    saddr + daddr;
+
+	return (__sum16)~lbd_csum_fold(sum);
+}
+
 /* Pseudo-header sum for IPv4 TCP/UDP/ICMP-less protocols. */
 LBD_INLINE __u64 lbd_csum_pseudo4(__be32 saddr, __be32 daddr, __u8 proto, __u16 len)
 {

@@ -192,18 +192,22 @@ LBD_INLINE int lb_encap(struct xdp_md *ctx, struct lb_pkt *pk, const struct lb_b
 		udp = (void *)(ip + 1);
 		if ((void *)(udp + 1) > data_end)
 			return lb_drop(pk, LB_DROP_INTERNAL);
+		__be16 tot_len = bpf_htons(sizeof(*ip) + udp_len), frag_off = bpf_htons(LBD_IP_DF);
+		__be32 saddr, daddr;
+
 		eth->proto = bpf_htons(LBD_ETH_P_IP);
+		__builtin_memcpy(&saddr, rt->src, 4);
+		__builtin_memcpy(&daddr, be->node_addr, 4);
 		ip->ver_ihl = 0x45;
 		ip->tos = pk->p.tos;
-		ip->tot_len = bpf_htons(sizeof(*ip) + udp_len);
+		ip->tot_len = tot_len;
 		ip->id = 0;
-		ip->frag_off = bpf_htons(LBD_IP_DF);
+		ip->frag_off = frag_off;
 		ip->ttl = 64;
 		ip->protocol = LBD_IPPROTO_UDP;
-		ip->check = 0;
-		__builtin_memcpy(&ip->saddr, rt->src, 4);
-		__builtin_memcpy(&ip->daddr, be->node_addr, 4);
-		ip->check = lbd_csum_ipv4_hdr(ip);
+		ip->saddr = saddr;
+		ip->daddr = daddr;
+		ip->check = lbd_csum_ipv4_fields(pk->p.tos, tot_len, 0, frag_off, 64, LBD_IPPROTO_UDP, saddr, daddr);
 		sum = 0; /* IPv4 underlay: no UDP checksum, like Linux's Geneve default */
 	} else {
 		struct lbd_ipv6hdr *ip6 = (void *)(eth + 1);
