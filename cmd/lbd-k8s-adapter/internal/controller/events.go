@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/lbd-dev/lbd/cmd/lbd-k8s-adapter/internal/config"
 	corev1 "k8s.io/api/core/v1"
@@ -24,10 +25,14 @@ type programmedEvents struct {
 	// started is true once the state seen at start has been recorded: what was programmed
 	// before the adapter started is not news.
 	started bool
+	// since is when the adapter started, to the second (Service creation times are): a
+	// Service created since then is news even in the first pass, which may run only
+	// after lbd has programmed it.
+	since time.Time
 }
 
 func newProgrammedEvents(c *controller, cfg *config.Config) *programmedEvents {
-	e := &programmedEvents{c: c, last: map[string]string{}}
+	e := &programmedEvents{c: c, last: map[string]string{}, since: time.Now().Truncate(time.Second)}
 	e.runner = NewRunner(e.once, cfg.Sync.MinInterval.Duration, cfg.Sync.MaxInterval.Duration)
 	return e
 }
@@ -47,11 +52,11 @@ func (e *programmedEvents) once(context.Context) error {
 			now = named(p.done)
 		}
 		seen[key] = now
-		if !e.started || now == e.last[key] || now == "" {
+		if now == e.last[key] || now == "" {
 			continue
 		}
 		svc := e.c.service(key)
-		if svc == nil {
+		if svc == nil || !e.started && svc.CreationTimestamp.Time.Before(e.since) {
 			continue
 		}
 		if strings.HasPrefix(now, "error: ") {
