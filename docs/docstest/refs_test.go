@@ -112,6 +112,11 @@ func resolve(root, src, ref string) (string, bool) {
 	}
 	for _, base := range bases {
 		p := filepath.Join(base, ref)
+		// A file beside the clone (../shared/...) is not in the repository, even
+		// where it happens to exist on the machine that runs the check.
+		if r, err := filepath.Rel(root, p); err != nil || r == ".." || strings.HasPrefix(r, ".."+string(filepath.Separator)) {
+			continue
+		}
 		if _, err := os.Stat(p); err == nil {
 			return p, true
 		}
