@@ -19,6 +19,31 @@ type backendtcConfig struct {
 	Pad uint32
 }
 
+type backendtcCounter uint32
+
+const (
+	backendtcCounterCNT_DECAP_OK              backendtcCounter = 0
+	backendtcCounterCNT_DECAP_NO_NAT          backendtcCounter = 1
+	backendtcCounterCNT_NAT_CREATED           backendtcCounter = 2
+	backendtcCounterCNT_NAT_REFRESHED         backendtcCounter = 3
+	backendtcCounterCNT_NAT_REPLACED          backendtcCounter = 4
+	backendtcCounterCNT_NAT_CLOSING           backendtcCounter = 5
+	backendtcCounterCNT_SNAT_DONE             backendtcCounter = 6
+	backendtcCounterCNT_ICMP_TRANSLATED       backendtcCounter = 7
+	backendtcCounterCNT_PASS_FRAGMENT         backendtcCounter = 8
+	backendtcCounterCNT_PASS_FOREIGN          backendtcCounter = 9
+	backendtcCounterCNT_DROP_NOT_ALLOWED      backendtcCounter = 10
+	backendtcCounterCNT_DROP_MALFORMED_OPT    backendtcCounter = 11
+	backendtcCounterCNT_DROP_UNKNOWN_CRITICAL backendtcCounter = 12
+	backendtcCounterCNT_DROP_BAD_LEN          backendtcCounter = 13
+	backendtcCounterCNT_DROP_BAD_GENEVE       backendtcCounter = 14
+	backendtcCounterCNT_DROP_BAD_INNER        backendtcCounter = 15
+	backendtcCounterCNT_DROP_DECAP_FAILED     backendtcCounter = 16
+	backendtcCounterCNT_DROP_NAT_FAILED       backendtcCounter = 17
+	backendtcCounterCNT_DROP_SNAT_FAILED      backendtcCounter = 18
+	backendtcCounterCNT_MAX                   backendtcCounter = 19
+)
+
 type backendtcLpmKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32

@@ -313,35 +313,37 @@ func (d *Datapath) DeleteNAT(keys []NATKey) (int, error) {
 // Counter is a datapath event counted per CPU.
 type Counter uint32
 
-// Counters, in the order of enum counter in backendtc.h, which says what each
-// counts. Ingress decapsulates only lbd's Geneve: a version 0 header with the
+// Counters: enum counter in backendtc.h (which says what each counts), as bpf2go
+// generates it. Ingress decapsulates only lbd's Geneve: a version 0 header with the
 // configured VNI and lbd's DSR option among the options. Other UDP to port 6081 is
 // passed to the kernel unchanged and counted as CounterPassForeign; the drop
 // counters, from CounterDropNotAllowed on, count only packets that are lbd's (or
 // claim to be).
 const (
-	CounterDecapOK Counter = iota
-	CounterDecapNoNAT
-	CounterNATCreated
-	CounterNATRefreshed
-	CounterNATReplaced
-	CounterNATClosing
-	CounterSNATDone
-	CounterICMPTranslated
-	CounterPassFragment
-	CounterPassForeign
-	CounterDropNotAllowed
-	CounterDropMalformedOption
-	CounterDropUnknownCritical
-	CounterDropBadLength
-	CounterDropBadGeneve
-	CounterDropBadInner
-	CounterDropDecapFailed
-	CounterDropNATFailed
-	CounterDropSNATFailed
-	numCounters
+	CounterDecapOK             = Counter(backendtcCounterCNT_DECAP_OK)
+	CounterDecapNoNAT          = Counter(backendtcCounterCNT_DECAP_NO_NAT)
+	CounterNATCreated          = Counter(backendtcCounterCNT_NAT_CREATED)
+	CounterNATRefreshed        = Counter(backendtcCounterCNT_NAT_REFRESHED)
+	CounterNATReplaced         = Counter(backendtcCounterCNT_NAT_REPLACED)
+	CounterNATClosing          = Counter(backendtcCounterCNT_NAT_CLOSING)
+	CounterSNATDone            = Counter(backendtcCounterCNT_SNAT_DONE)
+	CounterICMPTranslated      = Counter(backendtcCounterCNT_ICMP_TRANSLATED)
+	CounterPassFragment        = Counter(backendtcCounterCNT_PASS_FRAGMENT)
+	CounterPassForeign         = Counter(backendtcCounterCNT_PASS_FOREIGN)
+	CounterDropNotAllowed      = Counter(backendtcCounterCNT_DROP_NOT_ALLOWED)
+	CounterDropMalformedOption = Counter(backendtcCounterCNT_DROP_MALFORMED_OPT)
+	CounterDropUnknownCritical = Counter(backendtcCounterCNT_DROP_UNKNOWN_CRITICAL)
+	CounterDropBadLength       = Counter(backendtcCounterCNT_DROP_BAD_LEN)
+	CounterDropBadGeneve       = Counter(backendtcCounterCNT_DROP_BAD_GENEVE)
+	CounterDropBadInner        = Counter(backendtcCounterCNT_DROP_BAD_INNER)
+	CounterDropDecapFailed     = Counter(backendtcCounterCNT_DROP_DECAP_FAILED)
+	CounterDropNATFailed       = Counter(backendtcCounterCNT_DROP_NAT_FAILED)
+	CounterDropSNATFailed      = Counter(backendtcCounterCNT_DROP_SNAT_FAILED)
+	numCounters                = Counter(backendtcCounterCNT_MAX)
 )
 
+// counterNames names every counter; a counter of the C enum without a name here
+// fails the package's tests.
 var counterNames = [numCounters]string{
 	CounterDecapOK:             "decap_ok",
 	CounterDecapNoNAT:          "decap_no_nat",

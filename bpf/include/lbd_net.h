@@ -16,6 +16,13 @@
 #define lbd_likely(x) __builtin_expect(!!(x), 1)
 #define lbd_unlikely(x) __builtin_expect(!!(x), 0)
 
+/* Defines the global `name` of type struct name in a section of its own, to put the
+ * struct's member types into the object's BTF, where bpf2go -type finds them and
+ * generates their Go equivalents. An enum whose constants are only values (a __u8
+ * field, an index of a per-CPU array) reaches BTF through nothing else. The section
+ * holds no code and is no map: the loader skips it, the programs do not change. */
+#define LBD_BTF_TYPES(name) struct name name __attribute__((section(".lbd.btf"), used))
+
 #define LBD_NSEC_PER_SEC 1000000000ULL
 
 /* Error numbers map helpers return (negated), as in <asm-generic/errno-base.h>. */

@@ -23,40 +23,37 @@ type Flow struct {
 // it selects the entry's timeout.
 type CTState uint8
 
-// Conntrack states, mirroring enum lb_ct_state.
+// Conntrack states: enum lb_ct_state, as bpf2go generates it.
 const (
-	CTOther       CTState = 0 // UDP
-	CTSyn         CTState = 1 // SYN seen, no ACK yet
-	CTEstablished CTState = 2
-	CTClosing     CTState = 3 // FIN or RST seen
+	CTOther       = CTState(lbxdpLbCtStateLB_CT_OTHER) // UDP
+	CTSyn         = CTState(lbxdpLbCtStateLB_CT_SYN)   // SYN seen, no ACK yet
+	CTEstablished = CTState(lbxdpLbCtStateLB_CT_ESTABLISHED)
+	CTClosing     = CTState(lbxdpLbCtStateLB_CT_CLOSING) // FIN or RST seen
 	// SCTP associations, from the client's chunks (the LB node sees no other).
-	CTSCTPInit        CTState = 4 // INIT seen
-	CTSCTPCookie      CTState = 5 // COOKIE ECHO seen
-	CTSCTPEstablished CTState = 6
-	CTSCTPShutdown    CTState = 7 // SHUTDOWN or SHUTDOWN ACK seen
-	CTSCTPClosed      CTState = 8 // ABORT or SHUTDOWN COMPLETE seen
+	CTSCTPInit        = CTState(lbxdpLbCtStateLB_CT_SCTP_INIT)   // INIT seen
+	CTSCTPCookie      = CTState(lbxdpLbCtStateLB_CT_SCTP_COOKIE) // COOKIE ECHO seen
+	CTSCTPEstablished = CTState(lbxdpLbCtStateLB_CT_SCTP_ESTABLISHED)
+	CTSCTPShutdown    = CTState(lbxdpLbCtStateLB_CT_SCTP_SHUTDOWN) // SHUTDOWN or SHUTDOWN ACK seen
+	CTSCTPClosed      = CTState(lbxdpLbCtStateLB_CT_SCTP_CLOSED)   // ABORT or SHUTDOWN COMPLETE seen
 )
 
+// ctStateNames names every state; a state of the C enum without a name here fails
+// the package's tests.
+var ctStateNames = map[CTState]string{
+	CTOther:           "other",
+	CTSyn:             "syn",
+	CTEstablished:     "established",
+	CTClosing:         "closing",
+	CTSCTPInit:        "sctp-init",
+	CTSCTPCookie:      "sctp-cookie-echoed",
+	CTSCTPEstablished: "sctp-established",
+	CTSCTPShutdown:    "sctp-shutdown",
+	CTSCTPClosed:      "sctp-closed",
+}
+
 func (s CTState) String() string {
-	switch s {
-	case CTOther:
-		return "other"
-	case CTSyn:
-		return "syn"
-	case CTEstablished:
-		return "established"
-	case CTClosing:
-		return "closing"
-	case CTSCTPInit:
-		return "sctp-init"
-	case CTSCTPCookie:
-		return "sctp-cookie-echoed"
-	case CTSCTPEstablished:
-		return "sctp-established"
-	case CTSCTPShutdown:
-		return "sctp-shutdown"
-	case CTSCTPClosed:
-		return "sctp-closed"
+	if n, ok := ctStateNames[s]; ok {
+		return n
 	}
 	return fmt.Sprintf("state(%d)", uint8(s))
 }
@@ -125,8 +122,8 @@ func (t ctTimeouts) expired(v *lbxdpLbCt, now time.Duration) bool {
 	return int32(uint32(now/time.Second)-v.LastSeen) > int32(t.of(v))
 }
 
-// ctTentative mirrors LB_CT_F_TENTATIVE.
-const ctTentative = 1 << 0
+// ctTentative is LB_CT_F_TENTATIVE (enum lb_ct_flag), in lb_ct.flags.
+const ctTentative = uint8(lbxdpLbCtFlagLB_CT_F_TENTATIVE)
 
 // ctKey is the key of one of the conntrack maps: lb_ct4's for IPv4 flows,
 // lb_ct6's (lb_ct_key) for IPv6 ones.

@@ -17,30 +17,45 @@ type Counters struct {
 	NewFlows uint64
 }
 
-// DropReason says why the datapath dropped a packet; mirrors enum lb_drop_reason.
+// DropReason says why the datapath dropped a packet: enum lb_drop_reason.
 type DropReason uint32
 
-// Drop reasons. Rejected and TooBig packets are dropped but answered; a
-// PassNoNeighbour packet is forwarded through the kernel.
+// Drop reasons, as bpf2go generates them. Rejected and TooBig packets are dropped but
+// answered; a PassNoNeighbour packet is forwarded through the kernel.
 const (
-	DropMalformed        DropReason = iota // inconsistent or truncated headers
-	DropFragment                           // IP fragment of VIP traffic
-	DropSourceRange                        // client outside the service's source ranges
-	DropNoBackend                          // no usable backend, service drops silently
-	DropRejected                           // no usable backend, answered with RST / port unreachable
-	DropTooBig                             // too big once encapsulated, answered with ICMP
-	DropTooBigUnsignaled                   // too big and no ICMP possible (IPv4 without DF, ICMP errors)
-	DropFIB                                // FIB lookup failed otherwise (forwarding off on the ingress device, ...)
-	DropInternal                           // a packet-resizing helper failed
-	DropNoRoute                            // no route (or an unreachable one) toward the backend's node
-	PassNoNeighbour                        // next hop unresolved: encapsulated and passed to the kernel
-	DropNoService                          // for a VIP, but no service on its port and protocol
-	DropExtHeaders                         // IPv6 to a VIP with more extension headers than followed
-	dropReasons
+	DropMalformed        = DropReason(lbxdpLbDropReasonLB_DROP_MALFORMED)          // inconsistent or truncated headers
+	DropFragment         = DropReason(lbxdpLbDropReasonLB_DROP_FRAGMENT)           // IP fragment of VIP traffic
+	DropSourceRange      = DropReason(lbxdpLbDropReasonLB_DROP_SRC_RANGE)          // client outside the service's source ranges
+	DropNoBackend        = DropReason(lbxdpLbDropReasonLB_DROP_NO_BACKEND)         // no usable backend, service drops silently
+	DropRejected         = DropReason(lbxdpLbDropReasonLB_DROP_REJECTED)           // no usable backend, answered with RST / port unreachable
+	DropTooBig           = DropReason(lbxdpLbDropReasonLB_DROP_TOO_BIG)            // too big once encapsulated, answered with ICMP
+	DropTooBigUnsignaled = DropReason(lbxdpLbDropReasonLB_DROP_TOO_BIG_UNSIGNALED) // too big and no ICMP possible (IPv4 without DF, ICMP errors)
+	DropFIB              = DropReason(lbxdpLbDropReasonLB_DROP_FIB)                // FIB lookup failed otherwise (forwarding off on the ingress device, ...)
+	DropInternal         = DropReason(lbxdpLbDropReasonLB_DROP_INTERNAL)           // a packet-resizing helper failed
+	DropNoRoute          = DropReason(lbxdpLbDropReasonLB_DROP_FIB_NO_ROUTE)       // no route (or an unreachable one) toward the backend's node
+	PassNoNeighbour      = DropReason(lbxdpLbDropReasonLB_PASS_NO_NEIGH)           // next hop unresolved: encapsulated and passed to the kernel
+	DropNoService        = DropReason(lbxdpLbDropReasonLB_DROP_NO_SERVICE)         // for a VIP, but no service on its port and protocol
+	DropExtHeaders       = DropReason(lbxdpLbDropReasonLB_DROP_EXTHDRS)            // IPv6 to a VIP with more extension headers than followed
+	dropReasons          = DropReason(lbxdpLbDropReasonLB_DROP_MAX)
 )
 
-var dropNames = [...]string{"malformed", "fragment", "source_range", "no_backend", "rejected", "too_big",
-	"too_big_unsignaled", "fib", "internal", "fib_no_route", "no_neighbour", "no_service", "ipv6_ext_headers"}
+// dropNames names every reason, in statistics and metrics; a reason of the C enum
+// without a name here fails the package's tests.
+var dropNames = [dropReasons]string{
+	DropMalformed:        "malformed",
+	DropFragment:         "fragment",
+	DropSourceRange:      "source_range",
+	DropNoBackend:        "no_backend",
+	DropRejected:         "rejected",
+	DropTooBig:           "too_big",
+	DropTooBigUnsignaled: "too_big_unsignaled",
+	DropFIB:              "fib",
+	DropInternal:         "internal",
+	DropNoRoute:          "fib_no_route",
+	PassNoNeighbour:      "no_neighbour",
+	DropNoService:        "no_service",
+	DropExtHeaders:       "ipv6_ext_headers",
+}
 
 func (r DropReason) String() string {
 	if r < dropReasons {
@@ -194,24 +209,34 @@ func (d *Datapath) ResetBackendCounters(backendID uint32) error {
 	return nil
 }
 
-// CTEvent is something conntrack did; mirrors enum lb_ct_event, then the events
-// the collector counts.
+// CTEvent is something conntrack did: enum lb_ct_event, then the events the
+// collector counts.
 type CTEvent uint32
 
-// Conntrack events.
+// Conntrack events: the program's as bpf2go generates them, then the collector's.
 const (
-	CTInserted     CTEvent = iota // a new flow got an entry
-	CTTentative                   // ... of which a tentative one (first packet not a TCP SYN)
-	CTConfirmed                   // a later packet confirmed a tentative entry
-	CTGuardSkipped                // a new flow was balanced without an entry: the guard was engaged
-	CTGuardEngaged                // a CPU's new-flow rate crossed Config.GuardRate (once a second at most)
-	CTInsertFailed                // no entry could be written (the map was full)
-	ctKernelEvents
-	CTReclaimed = ctKernelEvents // live entries the collector deleted to give the headroom back
-	ctEvents    = CTReclaimed + 1
+	CTInserted     = CTEvent(lbxdpLbCtEventLB_CT_EV_INSERTED)      // a new flow got an entry
+	CTTentative    = CTEvent(lbxdpLbCtEventLB_CT_EV_TENTATIVE)     // ... of which a tentative one (first packet not a TCP SYN)
+	CTConfirmed    = CTEvent(lbxdpLbCtEventLB_CT_EV_CONFIRMED)     // a later packet confirmed a tentative entry
+	CTGuardSkipped = CTEvent(lbxdpLbCtEventLB_CT_EV_GUARD_SKIPPED) // a new flow was balanced without an entry: the guard was engaged
+	CTGuardEngaged = CTEvent(lbxdpLbCtEventLB_CT_EV_GUARD_ENGAGED) // a CPU's new-flow rate crossed Config.GuardRate (once a second at most)
+	CTInsertFailed = CTEvent(lbxdpLbCtEventLB_CT_EV_INSERT_FAILED) // no entry could be written (the map was full)
+	ctKernelEvents = CTEvent(lbxdpLbCtEventLB_CT_EV_MAX)
+	CTReclaimed    = ctKernelEvents // live entries the collector deleted to give the headroom back
+	ctEvents       = CTReclaimed + 1
 )
 
-var ctEventNames = [...]string{"inserted", "tentative", "confirmed", "guard_skipped", "guard_engaged", "insert_failed", "reclaimed"}
+// ctEventNames names every event; an event of the C enum without a name here fails
+// the package's tests.
+var ctEventNames = [ctEvents]string{
+	CTInserted:     "inserted",
+	CTTentative:    "tentative",
+	CTConfirmed:    "confirmed",
+	CTGuardSkipped: "guard_skipped",
+	CTGuardEngaged: "guard_engaged",
+	CTInsertFailed: "insert_failed",
+	CTReclaimed:    "reclaimed",
+}
 
 func (e CTEvent) String() string {
 	if e < ctEvents {

@@ -25,8 +25,8 @@ enum lb_svc_flag {
 
 /* Why a packet left the forwarding path (index of lb_drop_stats). A "reject" or
  * "too big" packet is dropped but answered; LB_PASS_NO_NEIGH is forwarded through
- * the kernel. Append new reasons before LB_DROP_MAX: the Go package names them by
- * index. */
+ * the kernel. Append new reasons before LB_DROP_MAX: the Go package names each one
+ * (lb_btf_types below). */
 enum lb_drop_reason {
 	LB_DROP_MALFORMED = 0,     /* headers truncated or inconsistent */
 	LB_DROP_FRAGMENT,          /* IP fragment of VIP traffic */
@@ -45,7 +45,7 @@ enum lb_drop_reason {
 };
 
 /* How a packet of a QUIC service was routed (index of the per-CPU lb_quic_stats, and
- * lb_trace_meta.quic). Append before LB_QUIC_MAX: the Go package names them by index. */
+ * lb_trace_meta.quic). Append before LB_QUIC_MAX: the Go package names each one. */
 enum lb_quic_route {
 	LB_QUIC_NONE = 0,      /* not a QUIC service's packet */
 	LB_QUIC_ROUTED,        /* by the server ID in its destination connection ID */
@@ -173,7 +173,7 @@ enum lb_ct_flag {
 };
 
 /* What conntrack did (index of the per-CPU lb_ct_stats). Append before
- * LB_CT_EV_MAX: the Go package names them by index. */
+ * LB_CT_EV_MAX: the Go package names each one. */
 enum lb_ct_event {
 	LB_CT_EV_INSERTED = 0,  /* a new flow got an entry */
 	LB_CT_EV_TENTATIVE,     /* ... of which a tentative one */
@@ -338,5 +338,19 @@ struct lb_clock {
 	__u32 guard_flows;
 	__u32 pad;
 };
+
+/* The enums above, generated for Go by bpf2go -type (lbxdp_bpfel.go); the Go package
+ * names each value in a table keyed by the generated constants, and its tests fail
+ * on a value without a name. */
+struct lb_btf_types {
+	enum lb_svc_flag svc_flag;
+	enum lb_drop_reason drop_reason;
+	enum lb_quic_route quic_route;
+	enum lb_ct_state ct_state;
+	enum lb_ct_flag ct_flag;
+	enum lb_ct_event ct_event;
+	enum lb_mon_flag mon_flag;
+};
+LBD_BTF_TYPES(lb_btf_types);
 
 #endif

@@ -92,6 +92,24 @@ type lbxdpLbCt4Key struct {
 	Pad   [3]uint8
 }
 
+type lbxdpLbCtEvent uint32
+
+const (
+	lbxdpLbCtEventLB_CT_EV_INSERTED      lbxdpLbCtEvent = 0
+	lbxdpLbCtEventLB_CT_EV_TENTATIVE     lbxdpLbCtEvent = 1
+	lbxdpLbCtEventLB_CT_EV_CONFIRMED     lbxdpLbCtEvent = 2
+	lbxdpLbCtEventLB_CT_EV_GUARD_SKIPPED lbxdpLbCtEvent = 3
+	lbxdpLbCtEventLB_CT_EV_GUARD_ENGAGED lbxdpLbCtEvent = 4
+	lbxdpLbCtEventLB_CT_EV_INSERT_FAILED lbxdpLbCtEvent = 5
+	lbxdpLbCtEventLB_CT_EV_MAX           lbxdpLbCtEvent = 6
+)
+
+type lbxdpLbCtFlag uint32
+
+const (
+	lbxdpLbCtFlagLB_CT_F_TENTATIVE lbxdpLbCtFlag = 1
+)
+
 type lbxdpLbCtKey struct {
 	_      structs.HostLayout
 	Saddr  [16]uint8
@@ -103,6 +121,39 @@ type lbxdpLbCtKey struct {
 	Pad    uint16
 }
 
+type lbxdpLbCtState uint32
+
+const (
+	lbxdpLbCtStateLB_CT_OTHER            lbxdpLbCtState = 0
+	lbxdpLbCtStateLB_CT_SYN              lbxdpLbCtState = 1
+	lbxdpLbCtStateLB_CT_ESTABLISHED      lbxdpLbCtState = 2
+	lbxdpLbCtStateLB_CT_CLOSING          lbxdpLbCtState = 3
+	lbxdpLbCtStateLB_CT_SCTP_INIT        lbxdpLbCtState = 4
+	lbxdpLbCtStateLB_CT_SCTP_COOKIE      lbxdpLbCtState = 5
+	lbxdpLbCtStateLB_CT_SCTP_ESTABLISHED lbxdpLbCtState = 6
+	lbxdpLbCtStateLB_CT_SCTP_SHUTDOWN    lbxdpLbCtState = 7
+	lbxdpLbCtStateLB_CT_SCTP_CLOSED      lbxdpLbCtState = 8
+)
+
+type lbxdpLbDropReason uint32
+
+const (
+	lbxdpLbDropReasonLB_DROP_MALFORMED          lbxdpLbDropReason = 0
+	lbxdpLbDropReasonLB_DROP_FRAGMENT           lbxdpLbDropReason = 1
+	lbxdpLbDropReasonLB_DROP_SRC_RANGE          lbxdpLbDropReason = 2
+	lbxdpLbDropReasonLB_DROP_NO_BACKEND         lbxdpLbDropReason = 3
+	lbxdpLbDropReasonLB_DROP_REJECTED           lbxdpLbDropReason = 4
+	lbxdpLbDropReasonLB_DROP_TOO_BIG            lbxdpLbDropReason = 5
+	lbxdpLbDropReasonLB_DROP_TOO_BIG_UNSIGNALED lbxdpLbDropReason = 6
+	lbxdpLbDropReasonLB_DROP_FIB                lbxdpLbDropReason = 7
+	lbxdpLbDropReasonLB_DROP_INTERNAL           lbxdpLbDropReason = 8
+	lbxdpLbDropReasonLB_DROP_FIB_NO_ROUTE       lbxdpLbDropReason = 9
+	lbxdpLbDropReasonLB_PASS_NO_NEIGH           lbxdpLbDropReason = 10
+	lbxdpLbDropReasonLB_DROP_NO_SERVICE         lbxdpLbDropReason = 11
+	lbxdpLbDropReasonLB_DROP_EXTHDRS            lbxdpLbDropReason = 12
+	lbxdpLbDropReasonLB_DROP_MAX                lbxdpLbDropReason = 13
+)
+
 type lbxdpLbMonConfig struct {
 	_      structs.HostLayout
 	Flags  uint32
@@ -110,6 +161,13 @@ type lbxdpLbMonConfig struct {
 	Rate   uint32
 	Pad    uint32
 }
+
+type lbxdpLbMonFlag uint32
+
+const (
+	lbxdpLbMonFlagLB_MON_REASONS   lbxdpLbMonFlag = 1
+	lbxdpLbMonFlagLB_MON_FORWARDED lbxdpLbMonFlag = 2
+)
 
 type lbxdpLbMonState struct {
 	_           structs.HostLayout
@@ -127,6 +185,17 @@ type lbxdpLbQuicKey struct {
 	ServiceId uint32
 	Sid       [16]uint8
 }
+
+type lbxdpLbQuicRoute uint32
+
+const (
+	lbxdpLbQuicRouteLB_QUIC_NONE       lbxdpLbQuicRoute = 0
+	lbxdpLbQuicRouteLB_QUIC_ROUTED     lbxdpLbQuicRoute = 1
+	lbxdpLbQuicRouteLB_QUIC_CLIENT_CID lbxdpLbQuicRoute = 2
+	lbxdpLbQuicRouteLB_QUIC_UNKNOWN_ID lbxdpLbQuicRoute = 3
+	lbxdpLbQuicRouteLB_QUIC_MALFORMED  lbxdpLbQuicRoute = 4
+	lbxdpLbQuicRouteLB_QUIC_MAX        lbxdpLbQuicRoute = 5
+)
 
 type lbxdpLbRoute struct {
 	_         structs.HostLayout
@@ -174,6 +243,16 @@ type lbxdpLbSvcEntry struct {
 	Key lbxdpLbServiceKey
 	Svc lbxdpLbService
 }
+
+type lbxdpLbSvcFlag uint32
+
+const (
+	lbxdpLbSvcFlagLB_SVC_HASH_SRC   lbxdpLbSvcFlag = 1
+	lbxdpLbSvcFlagLB_SVC_DROP_NO_BE lbxdpLbSvcFlag = 2
+	lbxdpLbSvcFlagLB_SVC_SRC_RANGES lbxdpLbSvcFlag = 4
+	lbxdpLbSvcFlagLB_SVC_AFFINITY   lbxdpLbSvcFlag = 8
+	lbxdpLbSvcFlagLB_SVC_QUIC       lbxdpLbSvcFlag = 16
+)
 
 type lbxdpLbVip struct {
 	_        structs.HostLayout

@@ -15,10 +15,10 @@ import (
 // (LB_MON_SNAPLEN).
 const MonitorSnapLen = 128
 
-// Monitor flags, mirroring enum lb_mon_flag.
+// Monitor flags: enum lb_mon_flag, as bpf2go generates it.
 const (
-	monReasons   = 1 << 0
-	monForwarded = 1 << 1
+	monReasons   = uint32(lbxdpLbMonFlagLB_MON_REASONS)
+	monForwarded = uint32(lbxdpLbMonFlagLB_MON_FORWARDED)
 )
 
 // MonitorConfig says which packets the program reports to the monitor's ring buffer

@@ -98,20 +98,28 @@ func (d *Datapath) QUICServerIDs(lens map[uint32]uint8) (map[uint32]map[string]u
 	return out, nil
 }
 
-// QUICRoute is how a QUIC service's packet was routed; mirrors enum lb_quic_route.
+// QUICRoute is how a QUIC service's packet was routed: enum lb_quic_route.
 type QUICRoute uint8
 
-// QUIC routing outcomes.
+// QUIC routing outcomes, as bpf2go generates them.
 const (
-	QUICNone      QUICRoute = iota // not a QUIC service's packet
-	QUICRouted                     // by the server ID in its destination connection ID
-	QUICClientCID                  // Initial, 0-RTT or unknown version: the 5-tuple, by design
-	QUICUnknownID                  // another config rotation or a server ID no backend has: the 5-tuple
-	QUICMalformed                  // no connection ID of the configured form: the 5-tuple
-	quicRoutes
+	QUICNone      = QUICRoute(lbxdpLbQuicRouteLB_QUIC_NONE)       // not a QUIC service's packet
+	QUICRouted    = QUICRoute(lbxdpLbQuicRouteLB_QUIC_ROUTED)     // by the server ID in its destination connection ID
+	QUICClientCID = QUICRoute(lbxdpLbQuicRouteLB_QUIC_CLIENT_CID) // Initial, 0-RTT or unknown version: the 5-tuple, by design
+	QUICUnknownID = QUICRoute(lbxdpLbQuicRouteLB_QUIC_UNKNOWN_ID) // another config rotation or a server ID no backend has: the 5-tuple
+	QUICMalformed = QUICRoute(lbxdpLbQuicRouteLB_QUIC_MALFORMED)  // no connection ID of the configured form: the 5-tuple
+	quicRoutes    = QUICRoute(lbxdpLbQuicRouteLB_QUIC_MAX)
 )
 
-var quicRouteNames = [quicRoutes]string{"none", "routed_cid", "fallback_client_cid", "fallback_unknown_id", "fallback_malformed"}
+// quicRouteNames names every route; a route of the C enum without a name here fails
+// the package's tests.
+var quicRouteNames = [quicRoutes]string{
+	QUICNone:      "none",
+	QUICRouted:    "routed_cid",
+	QUICClientCID: "fallback_client_cid",
+	QUICUnknownID: "fallback_unknown_id",
+	QUICMalformed: "fallback_malformed",
+}
 
 func (r QUICRoute) String() string {
 	if r < quicRoutes {

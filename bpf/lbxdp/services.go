@@ -56,13 +56,13 @@ type Service struct {
 	QUIC QUIC
 }
 
-// Service flags, mirroring enum lb_svc_flag.
+// Service flags: enum lb_svc_flag, as bpf2go generates it.
 const (
-	svcHashSrc   = 1 << 0
-	svcDropNoBE  = 1 << 1
-	svcSrcRanges = 1 << 2
-	svcAffinity  = 1 << 3
-	svcQUIC      = 1 << 4
+	svcHashSrc   = uint32(lbxdpLbSvcFlagLB_SVC_HASH_SRC)
+	svcDropNoBE  = uint32(lbxdpLbSvcFlagLB_SVC_DROP_NO_BE)
+	svcSrcRanges = uint32(lbxdpLbSvcFlagLB_SVC_SRC_RANGES)
+	svcAffinity  = uint32(lbxdpLbSvcFlagLB_SVC_AFFINITY)
+	svcQUIC      = uint32(lbxdpLbSvcFlagLB_SVC_QUIC)
 )
 
 // maxAffinitySecs is the largest affinity timeout the map's field holds.

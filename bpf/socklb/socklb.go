@@ -222,14 +222,78 @@ type Stats struct {
 	RevNATFull uint64
 }
 
+// Stat is one of the programs' counters: enum sk_stat.
+type Stat uint32
+
+// The counters, as bpf2go generates them; Stats says what each counts.
+const (
+	StatConnect    = Stat(socklbSkStatSK_STAT_CONNECT)
+	StatSendmsg    = Stat(socklbSkStatSK_STAT_SENDMSG)
+	StatReverse    = Stat(socklbSkStatSK_STAT_REVERSE)
+	StatNoBackend  = Stat(socklbSkStatSK_STAT_NO_BACKEND)
+	StatRevNATFull = Stat(socklbSkStatSK_STAT_REVNAT_FULL)
+	numStats       = Stat(socklbSkStatSK_STAT_MAX)
+)
+
+// statNames names every counter in statistics; a counter of the C enum without a
+// name here fails the package's tests.
+var statNames = [numStats]string{
+	StatConnect:    "connect",
+	StatSendmsg:    "sendmsg",
+	StatReverse:    "reverse",
+	StatNoBackend:  "no_backend",
+	StatRevNATFull: "revnat_full",
+}
+
+func (s Stat) String() string {
+	if s < numStats {
+		return statNames[s]
+	}
+	return fmt.Sprintf("sk_stat(%d)", uint32(s))
+}
+
+// StatCount is one counter's value.
+type StatCount struct {
+	Stat  Stat
+	Count uint64
+}
+
+// List returns every counter, in the order of the C enum.
+func (s Stats) List() []StatCount {
+	return []StatCount{
+		{StatConnect, s.Connect}, {StatSendmsg, s.Sendmsg}, {StatReverse, s.Reverse},
+		{StatNoBackend, s.NoBackend}, {StatRevNATFull, s.RevNATFull},
+	}
+}
+
+// field is the member of s that holds a counter.
+func (s *Stats) field(c Stat) *uint64 {
+	switch c {
+	case StatConnect:
+		return &s.Connect
+	case StatSendmsg:
+		return &s.Sendmsg
+	case StatReverse:
+		return &s.Reverse
+	case StatNoBackend:
+		return &s.NoBackend
+	case StatRevNATFull:
+		return &s.RevNATFull
+	}
+	return nil
+}
+
 // Stats reads the counters.
 func (d *Datapath) Stats() (Stats, error) {
 	var s Stats
-	fields := []*uint64{&s.Connect, &s.Sendmsg, &s.Reverse, &s.NoBackend, &s.RevNATFull}
-	for i, f := range fields {
+	for c := range numStats {
+		f := s.field(c)
+		if f == nil {
+			return Stats{}, fmt.Errorf("read socket-level counter %v: no field holds it", c)
+		}
 		var per []uint64
-		if err := d.objs.SkStats.Lookup(uint32(i), &per); err != nil {
-			return Stats{}, fmt.Errorf("read socket-level counter %d: %w", i, err)
+		if err := d.objs.SkStats.Lookup(uint32(c), &per); err != nil {
+			return Stats{}, fmt.Errorf("read socket-level counter %v: %w", c, err)
 		}
 		for _, v := range per {
 			*f += v

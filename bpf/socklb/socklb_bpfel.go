@@ -110,6 +110,17 @@ type socklbSkRevKey struct {
 	Pad    uint32
 }
 
+type socklbSkStat uint32
+
+const (
+	socklbSkStatSK_STAT_CONNECT     socklbSkStat = 0
+	socklbSkStatSK_STAT_SENDMSG     socklbSkStat = 1
+	socklbSkStatSK_STAT_REVERSE     socklbSkStat = 2
+	socklbSkStatSK_STAT_NO_BACKEND  socklbSkStat = 3
+	socklbSkStatSK_STAT_REVNAT_FULL socklbSkStat = 4
+	socklbSkStatSK_STAT_MAX         socklbSkStat = 5
+)
+
 type socklbSkUdp struct {
 	_         structs.HostLayout
 	BackendId uint32

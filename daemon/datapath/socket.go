@@ -162,14 +162,8 @@ func (m *Manager) socketCounters(resp *lbdv1.GetStatsResponse) error {
 	if err != nil {
 		return err
 	}
-	for _, c := range []struct {
-		name string
-		v    uint64
-	}{
-		{"connect", s.Connect}, {"sendmsg", s.Sendmsg}, {"reverse", s.Reverse},
-		{"no_backend", s.NoBackend}, {"revnat_full", s.RevNATFull},
-	} {
-		resp.SocketEvents = append(resp.SocketEvents, &lbdv1.EventCounter{Name: c.name, Count: c.v})
+	for _, c := range s.List() {
+		resp.SocketEvents = append(resp.SocketEvents, &lbdv1.EventCounter{Name: c.Stat.String(), Count: c.Count})
 	}
 	return nil
 }

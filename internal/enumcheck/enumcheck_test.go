@@ -1,0 +1,66 @@
+package enumcheck
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf/btf"
+)
+
+// spec builds BTF holding one enum, as a compiled object would.
+func spec(t *testing.T, e *btf.Enum) *btf.Spec {
+	t.Helper()
+	b, err := btf.NewBuilder([]btf.Type{e}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := b.Marshal(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := btf.LoadSpecFromReader(bytes.NewReader(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestNames(t *testing.T) {
+	s := spec(t, &btf.Enum{Name: "color", Size: 4, Values: []btf.EnumValue{
+		{Name: "RED", Value: 0}, {Name: "GREEN", Value: 1}, {Name: "BLUE", Value: 2}, {Name: "COLOR_MAX", Value: 3},
+	}})
+	for _, c := range []struct {
+		name  string
+		names map[uint64]string
+		want  []string // substrings of the error; none: no error
+	}{
+		{"all named", map[uint64]string{0: "red", 1: "green", 2: "blue"}, nil},
+		{"one missing", map[uint64]string{0: "red", 2: "blue"}, []string{"GREEN (1) has no Go name"}},
+		{"empty name", Table([]string{"red", "", "blue"}), []string{"GREEN (1) has no Go name"}},
+		{"shared name", map[uint64]string{0: "red", 1: "red", 2: "blue"}, []string{`RED and GREEN have the same Go name "red"`}},
+		{"name without value", map[uint64]string{0: "red", 1: "green", 2: "blue", 7: "cyan"}, []string{`Go name "cyan" is for 7`}},
+		{"sentinel named", map[uint64]string{0: "red", 1: "green", 2: "blue", 3: "max"}, []string{`Go name "max" is for 3`}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := Names(s, "color", c.names, "COLOR_MAX")
+			if len(c.want) == 0 {
+				if err != nil {
+					t.Fatalf("Names: %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("Names: no error, want %q", c.want)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("Names: %v, want it to say %q", err, w)
+				}
+			}
+		})
+	}
+	if err := Names(s, "colour", nil); err == nil || !strings.Contains(err.Error(), "enum colour") {
+		t.Errorf("Names of a missing enum: %v, want an error naming it", err)
+	}
+}
