@@ -368,7 +368,7 @@ var counterNames = [numCounters]string{
 
 // String is the counter's metric-friendly name.
 func (c Counter) String() string {
-	if c < numCounters {
+	if c < numCounters && counterNames[c] != "" {
 		return counterNames[c]
 	}
 	return fmt.Sprintf("counter(%d)", uint32(c))

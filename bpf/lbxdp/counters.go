@@ -58,7 +58,7 @@ var dropNames = [dropReasons]string{
 }
 
 func (r DropReason) String() string {
-	if r < dropReasons {
+	if r < dropReasons && dropNames[r] != "" {
 		return dropNames[r]
 	}
 	return fmt.Sprintf("drop(%d)", uint32(r))
@@ -239,7 +239,7 @@ var ctEventNames = [ctEvents]string{
 }
 
 func (e CTEvent) String() string {
-	if e < ctEvents {
+	if e < ctEvents && ctEventNames[e] != "" {
 		return ctEventNames[e]
 	}
 	return fmt.Sprintf("ct_event(%d)", uint32(e))

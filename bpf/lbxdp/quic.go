@@ -122,7 +122,7 @@ var quicRouteNames = [quicRoutes]string{
 }
 
 func (r QUICRoute) String() string {
-	if r < quicRoutes {
+	if r < quicRoutes && quicRouteNames[r] != "" {
 		return quicRouteNames[r]
 	}
 	return fmt.Sprintf("quic_route(%d)", uint8(r))

@@ -246,7 +246,7 @@ var statNames = [numStats]string{
 }
 
 func (s Stat) String() string {
-	if s < numStats {
+	if s < numStats && statNames[s] != "" {
 		return statNames[s]
 	}
 	return fmt.Sprintf("sk_stat(%d)", uint32(s))
