@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/lbd-dev/lbd/bpf/lbxdp"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 )
 
@@ -31,7 +32,7 @@ func (d *daemon) conntrackMaxEntries(t *testing.T) uint32 {
 	t.Helper()
 	var size uint32
 	err := filepath.WalkDir(d.bpffs, func(path string, e fs.DirEntry, err error) error {
-		if err != nil || e.IsDir() || e.Name() != "lb_ct4" {
+		if err != nil || e.IsDir() || e.Name() != lbxdp.MapConntrack4 {
 			return err
 		}
 		m, err := ebpf.LoadPinnedMap(path, &ebpf.LoadPinOptions{ReadOnly: true})

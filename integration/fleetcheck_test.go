@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lbd-dev/lbd/bpf/lbxdp"
 	"github.com/lbd-dev/lbd/internal/testnet"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -75,7 +76,7 @@ func plantBackendPort(t *testing.T, d *daemon, svc string, port uint16) {
 	copy(val[16:], netip.MustParseAddr(be.GetNodeAddress()).AsSlice())
 	binary.BigEndian.PutUint16(val[32:], port)
 	val[34], val[35] = 4, 4
-	testnet.Run(t, append(append(append([]string{"bpftool", "map", "update", "pinned", filepath.Join(d.bpffs, "lb", "lb_backends"), "key"},
+	testnet.Run(t, append(append(append([]string{"bpftool", "map", "update", "pinned", filepath.Join(d.bpffs, "lb", lbxdp.MapBackends), "key"},
 		bpftoolBytes(key)...), "value"), bpftoolBytes(val)...)...)
 }
 

@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lbd-dev/lbd/bpf/lbxdp"
 	"github.com/lbd-dev/lbd/internal/testnet"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -339,9 +340,9 @@ func TestDriftRepair(t *testing.T) {
 	skey[18], skey[19] = 6, 4
 
 	start := time.Now()
-	testnet.Run(t, append(append(append([]string{"bpftool", "map", "update", "pinned", filepath.Join(maps, "lb_backends"), "key"},
+	testnet.Run(t, append(append(append([]string{"bpftool", "map", "update", "pinned", filepath.Join(maps, lbxdp.MapBackends), "key"},
 		bpftoolBytes(key)...), "value"), bpftoolBytes(val)...)...)
-	testnet.Run(t, append([]string{"bpftool", "map", "delete", "pinned", filepath.Join(maps, "lb_services"), "key"}, bpftoolBytes(skey)...)...)
+	testnet.Run(t, append([]string{"bpftool", "map", "delete", "pinned", filepath.Join(maps, lbxdp.MapServices), "key"}, bpftoolBytes(skey)...)...)
 
 	eventually(t, verify+2*time.Second, func() error {
 		m := parseMetrics(t, lb1.lbd.scrape(t))
@@ -351,7 +352,7 @@ func TestDriftRepair(t *testing.T) {
 		return nil
 	})
 	t.Logf("both repaired %v after the change (verify interval %v)", time.Since(start), verify)
-	out := testnet.Run(t, "bpftool", "-j", "map", "lookup", "pinned", filepath.Join(maps, "lb_backends"), "key", "hex",
+	out := testnet.Run(t, "bpftool", "-j", "map", "lookup", "pinned", filepath.Join(maps, lbxdp.MapBackends), "key", "hex",
 		fmt.Sprintf("%02x", key[0]), fmt.Sprintf("%02x", key[1]), fmt.Sprintf("%02x", key[2]), fmt.Sprintf("%02x", key[3]))
 	if strings.Contains(out, `"0x00","0x01"`) {
 		t.Errorf("backend entry still holds port 1: %s", out)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/lbd-dev/lbd/bpf/lbxdp"
 	"github.com/lbd-dev/lbd/internal/pktgen"
 	"github.com/lbd-dev/lbd/internal/testnet"
 	"github.com/lbd-dev/lbd/internal/xdpgen"
@@ -194,7 +195,7 @@ func (f *flood) sent(t *testing.T) uint64 {
 // stream service, deleting those of the given ports, as a lost entry would be.
 func (d *daemon) streamEntries(t *testing.T, remove map[uint16]bool) map[uint16]bool {
 	t.Helper()
-	m, err := ebpf.LoadPinnedMap(filepath.Join(d.bpffs, "lb", "lb_ct4"), nil)
+	m, err := ebpf.LoadPinnedMap(filepath.Join(d.bpffs, "lb", lbxdp.MapConntrack4), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/lbd-dev/lbd/bpf/backendtc"
+	"github.com/lbd-dev/lbd/bpf/lbxdp"
 	"github.com/lbd-dev/lbd/internal/testnet"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"google.golang.org/grpc"
@@ -356,7 +358,7 @@ func (n *scaleNode) resetPeakRSS() {
 
 // learnedMapNames are the maps of learned flows, sized by configuration and not by the
 // services: left out of the services' map memory.
-var learnedMapNames = []string{"lb_ct4", "lb_ct6", "lb_affinity", "betc_nat"}
+var learnedMapNames = []string{lbxdp.MapConntrack4, lbxdp.MapConntrack6, lbxdp.MapAffinity, backendtc.MapNAT}
 
 // mapMemory is the kernel memory (memlock) of the maps pinned below lbd's bpffs
 // directory and of the maps they hold (map-in-map tables), those of learned flows

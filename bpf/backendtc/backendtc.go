@@ -52,6 +52,10 @@ type Datapath struct {
 	objs backendtcObjects
 }
 
+// MapNAT is the name of the NAT map, which the daemon migrates by name; bpf2go
+// generates it from the program.
+const MapNAT = backendtcMapBetcNat
+
 // Spec returns the collection Load would load for opts, map sizes applied. The daemon
 // compares its maps with pinned ones to migrate a map whose size or layout changed.
 func Spec(opts Options) (*ebpf.CollectionSpec, error) {

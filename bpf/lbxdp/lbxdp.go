@@ -191,7 +191,7 @@ func Load(opts Options) (*Datapath, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Datapath{opts: opts, maglevInner: spec.Maps["lb_tables"].InnerMap.Copy()}
+	d := &Datapath{opts: opts, maglevInner: spec.Maps[lbxdpMapLbTables].InnerMap.Copy()}
 	// Table maps are created without BTF: with it, every map creation also loads its
 	// key and value types into the kernel (a BTF object per table, about a third of
 	// a table map's creation cost at 10,000 services). The kernel does not compare
@@ -242,11 +242,11 @@ func (d *Datapath) Program() *ebpf.Program { return d.objs.LbXdp }
 // programs (bpf/socklb) read too. They stay owned by the Datapath, the only writer.
 func (d *Datapath) StateMaps() map[string]*ebpf.Map {
 	return map[string]*ebpf.Map{
-		"lb_vips":     d.objs.LbVips,
-		"lb_services": d.objs.LbServices,
-		"lb_tables":   d.objs.LbTables,
-		"lb_backends": d.objs.LbBackends,
-		"lb_cfg":      d.objs.LbCfg,
+		lbxdpMapLbVips:     d.objs.LbVips,
+		lbxdpMapLbServices: d.objs.LbServices,
+		lbxdpMapLbTables:   d.objs.LbTables,
+		lbxdpMapLbBackends: d.objs.LbBackends,
+		lbxdpMapLbCfg:      d.objs.LbCfg,
 	}
 }
 

@@ -17,19 +17,19 @@ func Spec(opts Options) (*ebpf.CollectionSpec, error) {
 		return nil, fmt.Errorf("load lbxdp spec: %w", err)
 	}
 	sizes := map[string]uint32{
-		"lb_vips":       opts.MaxServices,
-		"lb_services":   opts.MaxServices,
-		"lb_svc_by_id":  opts.MaxServices,
-		"lb_tables":     opts.MaxServices,
-		"lb_svc_stats":  opts.MaxServices,
-		"lb_backends":   opts.MaxBackends,
-		"lb_be_stats":   opts.MaxBackends,
-		"lb_fib_cache":  opts.MaxBackends,
-		"lb_quic_sids":  opts.MaxBackends,
-		"lb_ct4":        ConntrackEntries(opts.ConntrackSize),
-		"lb_ct6":        ConntrackEntries(opts.ConntrackSize),
-		"lb_affinity":   opts.AffinitySize,
-		"lb_src_ranges": opts.SourceRangeSize,
+		lbxdpMapLbVips:      opts.MaxServices,
+		lbxdpMapLbServices:  opts.MaxServices,
+		lbxdpMapLbSvcById:   opts.MaxServices,
+		lbxdpMapLbTables:    opts.MaxServices,
+		lbxdpMapLbSvcStats:  opts.MaxServices,
+		lbxdpMapLbBackends:  opts.MaxBackends,
+		lbxdpMapLbBeStats:   opts.MaxBackends,
+		lbxdpMapLbFibCache:  opts.MaxBackends,
+		lbxdpMapLbQuicSids:  opts.MaxBackends,
+		lbxdpMapLbCt4:       ConntrackEntries(opts.ConntrackSize),
+		lbxdpMapLbCt6:       ConntrackEntries(opts.ConntrackSize),
+		lbxdpMapLbAffinity:  opts.AffinitySize,
+		lbxdpMapLbSrcRanges: opts.SourceRangeSize,
 	}
 	for name, m := range spec.Maps {
 		if n, ok := sizes[name]; ok {
@@ -48,3 +48,18 @@ func Spec(opts Options) (*ebpf.CollectionSpec, error) {
 func ConntrackEntries(capacity uint32) uint32 {
 	return uint32(min(uint64(capacity)+uint64(capacity)/4, 1<<32-1))
 }
+
+// Names of the maps that other packages find by name (a migration's plan, a pin that
+// a test opens), as bpf2go generates them from the program: a map renamed in C no
+// longer builds here rather than being missed at run time.
+const (
+	MapServices     = lbxdpMapLbServices
+	MapBackends     = lbxdpMapLbBackends
+	MapTables       = lbxdpMapLbTables
+	MapConntrack4   = lbxdpMapLbCt4
+	MapConntrack6   = lbxdpMapLbCt6
+	MapAffinity     = lbxdpMapLbAffinity
+	MapServiceStats = lbxdpMapLbSvcStats
+	MapBackendStats = lbxdpMapLbBeStats
+	MapDropStats    = lbxdpMapLbDropStats
+)

@@ -70,6 +70,14 @@ func (o *Options) setDefaults() {
 	}
 }
 
+// Names of the maps that hold what only the programs know, which the daemon migrates
+// by name; bpf2go generates them from the programs.
+const (
+	MapRevNAT     = socklbMapSkRevnat
+	MapUDPBackend = socklbMapSkUdpBackend
+	MapAffinity   = socklbMapSkAffinity
+)
+
 // Spec returns the collection Load would load for opts: sizes applied, the service
 // state maps sized like opts.LB's.
 func Spec(opts Options) (*ebpf.CollectionSpec, error) {
@@ -79,9 +87,9 @@ func Spec(opts Options) (*ebpf.CollectionSpec, error) {
 		return nil, fmt.Errorf("load socklb spec: %w", err)
 	}
 	sizes := map[string]uint32{
-		"sk_revnat":      opts.RevNATSize,
-		"sk_udp_backend": opts.UDPSize,
-		"sk_affinity":    opts.AffinitySize,
+		socklbMapSkRevnat:     opts.RevNATSize,
+		socklbMapSkUdpBackend: opts.UDPSize,
+		socklbMapSkAffinity:   opts.AffinitySize,
 	}
 	if opts.LB != nil {
 		for name, m := range opts.LB.StateMaps() {

@@ -30,7 +30,7 @@ type legacyConntrack struct {
 // ctPinned reports whether the LB directory holds the current conntrack maps already
 // (a start after a first copy that did not get to the second).
 func (c Config) ctPinned() bool {
-	_, err := os.Stat(filepath.Join(c.lbDir(), "lb_ct4"))
+	_, err := os.Stat(filepath.Join(c.lbDir(), lbxdp.MapConntrack4))
 	return err == nil
 }
 

@@ -27,7 +27,7 @@ func TestUpgradeCarriesLegacyConntrack(t *testing.T) {
 	}
 	dir := filepath.Join(n.bpffs, "lb")
 	// What the former lbd left: its map, and no current conntrack maps.
-	for _, name := range []string{"lb_ct4", "lb_ct6"} {
+	for _, name := range []string{lbxdp.MapConntrack4, lbxdp.MapConntrack6} {
 		if err := os.Remove(filepath.Join(dir, name)); err != nil {
 			t.Fatal(err)
 		}

@@ -230,8 +230,8 @@ func Open(cfg Config, log hclog.Logger) (*Manager, error) {
 // learnedMaps hold state only the datapath knows; all other maps are rebuilt from the
 // desired state by Sync.
 var learnedMaps = map[string]bool{
-	"lb_ct4": true, "lb_ct6": true, "lb_affinity": true, "betc_nat": true,
-	"sk_revnat": true, "sk_udp_backend": true, "sk_affinity": true,
+	lbxdp.MapConntrack4: true, lbxdp.MapConntrack6: true, lbxdp.MapAffinity: true, backendtc.MapNAT: true,
+	socklb.MapRevNAT: true, socklb.MapUDPBackend: true, socklb.MapAffinity: true,
 }
 
 // loadWithMigration loads a program's maps from dir, first moving aside pinned maps that

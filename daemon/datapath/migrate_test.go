@@ -279,7 +279,7 @@ func resizeUnderFlood(t *testing.T, perSecond int) {
 		t.Fatal(err)
 	}
 	// Kept open to read what the old program left in its map once it is switched.
-	oldCT, err := ebpf.LoadPinnedMap(filepath.Join(n.bpffs, "lb", "lb_ct4"), nil)
+	oldCT, err := ebpf.LoadPinnedMap(filepath.Join(n.bpffs, "lb", lbxdp.MapConntrack4), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -299,7 +299,7 @@ func resizeUnderFlood(t *testing.T, perSecond int) {
 		t.Log(l)
 	}
 	if err != nil {
-		newCT, lerr := ebpf.LoadPinnedMap(filepath.Join(n.bpffs, "lb", "lb_ct4"), nil)
+		newCT, lerr := ebpf.LoadPinnedMap(filepath.Join(n.bpffs, "lb", lbxdp.MapConntrack4), nil)
 		if lerr == nil {
 			kept := rawEntries(t, newCT)
 			newCT.Close()
@@ -337,7 +337,7 @@ func resizeUnderFlood(t *testing.T, perSecond int) {
 		t.Errorf("%d of %d established entries lost or changed", lost, len(before))
 	}
 	oldLeft := rawEntries(t, oldCT)
-	newCT, err := ebpf.LoadPinnedMap(filepath.Join(n.bpffs, "lb", "lb_ct4"), nil)
+	newCT, err := ebpf.LoadPinnedMap(filepath.Join(n.bpffs, "lb", lbxdp.MapConntrack4), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -403,7 +403,7 @@ func TestInterruptedMigrationIsFinished(t *testing.T) {
 				t.Fatal(err)
 			}
 			dir := filepath.Join(n.bpffs, "lb")
-			pin := filepath.Join(dir, "lb_ct4")
+			pin := filepath.Join(dir, lbxdp.MapConntrack4)
 			// The XDP program stays attached to the map moved aside, as after a crash.
 			if err := os.Rename(pin, pin+migratingSuffix); err != nil {
 				t.Fatal(err)
@@ -413,7 +413,7 @@ func TestInterruptedMigrationIsFinished(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				cur, err := ebpf.NewMapWithOptions(spec.Maps["lb_ct4"], ebpf.MapOptions{PinPath: dir})
+				cur, err := ebpf.NewMapWithOptions(spec.Maps[lbxdp.MapConntrack4], ebpf.MapOptions{PinPath: dir})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -155,7 +155,7 @@ func TestRestartWritesNothing(t *testing.T) {
 func tamper(tb testing.TB, m *Manager, serviceID uint32) {
 	tb.Helper()
 	var id ebpf.MapID
-	if err := m.lb.StateMaps()["lb_tables"].Lookup(serviceID, &id); err != nil {
+	if err := m.lb.StateMaps()[lbxdp.MapTables].Lookup(serviceID, &id); err != nil {
 		tb.Fatal(err)
 	}
 	inner, err := ebpf.NewMapFromID(id)

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/lbd-dev/lbd/bpf/lbxdp"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -72,8 +73,8 @@ func TestGetStats(t *testing.T) {
 	if _, err := m.Sync(context.Background(), svcs); err != nil {
 		t.Fatal(err)
 	}
-	setCounters(t, n, "lb_svc_stats", map[uint32]uint64{1: 100, 2: 300, 3: 200})
-	setCounters(t, n, "lb_be_stats", map[uint32]uint64{1: 50, 2: 20, 3: 30, 4: 100, 5: 200, 6: 200})
+	setCounters(t, n, lbxdp.MapServiceStats, map[uint32]uint64{1: 100, 2: 300, 3: 200})
+	setCounters(t, n, lbxdp.MapBackendStats, map[uint32]uint64{1: 50, 2: 20, 3: 30, 4: 100, 5: 200, 6: 200})
 	ctx := context.Background()
 	for _, c := range []struct {
 		name string

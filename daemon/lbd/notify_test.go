@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/lbd-dev/lbd/bpf/lbxdp"
 	"github.com/lbd-dev/lbd/internal/testnet"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"github.com/vishvananda/netlink"
@@ -169,7 +170,7 @@ func TestSystemdNotify(t *testing.T) {
 			t.Errorf("READY=1 arrived with no XDP program attached to up0 (%+v)", x)
 		}
 	})
-	if n := mapEntries(t, filepath.Join(bpffs, "lb", "lb_services")); n != notifyServices {
+	if n := mapEntries(t, filepath.Join(bpffs, "lb", lbxdp.MapServices)); n != notifyServices {
 		t.Errorf("READY=1 arrived with %d of %d services in lb_services", n, notifyServices)
 	}
 	if countLines(before, "READY=1") != 1 || !hasLine(before[len(before)-1].text, "STATUS=ready:") {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/hashicorp/go-hclog"
+	"github.com/lbd-dev/lbd/bpf/lbxdp"
 	"github.com/lbd-dev/lbd/daemon/config"
 	"github.com/lbd-dev/lbd/daemon/datapath"
 	"github.com/lbd-dev/lbd/daemon/reconcile"
@@ -131,7 +132,7 @@ func (n *scaleNode) fillCounters(tb testing.TB) {
 			beIDs[b.Id] = 1e7 + uint64(b.Id)*7919
 		}
 	}
-	for name, values := range map[string]map[uint32]uint64{"lb_svc_stats": svcIDs, "lb_be_stats": beIDs} {
+	for name, values := range map[string]map[uint32]uint64{lbxdp.MapServiceStats: svcIDs, lbxdp.MapBackendStats: beIDs} {
 		m, err := ebpf.LoadPinnedMap(filepath.Join(n.cfg.Datapath.BPFFSDir, "lb", name), nil)
 		if err != nil {
 			tb.Fatal(err)
@@ -448,7 +449,7 @@ func (n *scaleNode) beforeHandler(tb testing.TB) http.Handler {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		&beforeCollector{svcMap: open("lb_svc_stats"), beMap: open("lb_be_stats"), dropMap: open("lb_drop_stats"), st: n.st, programmed: n.svcs})
+		&beforeCollector{svcMap: open(lbxdp.MapServiceStats), beMap: open(lbxdp.MapBackendStats), dropMap: open(lbxdp.MapDropStats), st: n.st, programmed: n.svcs})
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
 }
 
