@@ -26,8 +26,9 @@ import (
 	"github.com/cilium/ebpf/link"
 )
 
-// DefaultNATMaxEntries is the NAT table size when [Options.NATMaxEntries] is zero.
-const DefaultNATMaxEntries = 1 << 18
+// DefaultNATMaxEntries is the NAT table size when [Options.NATMaxEntries] is zero: the
+// size compiled into the program (enum betc_default), as bpf2go generates it.
+const DefaultNATMaxEntries = uint32(backendtcBetcDefaultBETC_DEFAULT_NAT_SIZE)
 
 // ErrNotFound is returned by lookups of a key that is not in a map.
 var ErrNotFound = errors.New("not found")

@@ -92,9 +92,16 @@ enum counter {
 	CNT_MAX,
 };
 
+/* The NAT table's size compiled into the object; the Go package sizes it at load
+ * time (backendtc.Options), and this is its default. */
+enum betc_default {
+	BETC_DEFAULT_NAT_SIZE = 1 << 18,
+};
+
 /* The enums above, generated for Go by bpf2go -type (backendtc_bpfel.go). */
 struct backendtc_btf_types {
 	enum counter counter;
+	enum betc_default defaults;
 };
 LBD_BTF_TYPES(backendtc_btf_types);
 
@@ -111,7 +118,7 @@ struct {
  * the size is set at load time by the Go package. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 262144);
+	__uint(max_entries, BETC_DEFAULT_NAT_SIZE);
 	__type(key, struct nat_key);
 	__type(value, struct nat_val);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);

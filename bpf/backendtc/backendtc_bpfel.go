@@ -13,6 +13,12 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type backendtcBetcDefault uint32
+
+const (
+	backendtcBetcDefaultBETC_DEFAULT_NAT_SIZE backendtcBetcDefault = 262144
+)
+
 type backendtcConfig struct {
 	_   structs.HostLayout
 	Vni uint32

@@ -92,13 +92,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Default map sizes, used when an Options field is zero.
+// Default map sizes, used when an Options field is zero: the sizes compiled into the
+// program (enum lb_default), as bpf2go generates them.
 const (
-	DefaultMaxServices     = 4096
-	DefaultMaxBackends     = 65536
-	DefaultConntrackSize   = 1 << 20
-	DefaultAffinitySize    = 65536
-	DefaultSourceRangeSize = 16384
+	DefaultMaxServices     = uint32(lbxdpLbDefaultLB_DEFAULT_MAX_SERVICES)
+	DefaultMaxBackends     = uint32(lbxdpLbDefaultLB_DEFAULT_MAX_BACKENDS)
+	DefaultConntrackSize   = uint32(lbxdpLbDefaultLB_DEFAULT_CT_FLOWS)
+	DefaultAffinitySize    = uint32(lbxdpLbDefaultLB_DEFAULT_AFF_SIZE)
+	DefaultSourceRangeSize = uint32(lbxdpLbDefaultLB_DEFAULT_SRC_SIZE)
 	// MaxTableSize bounds a Maglev table (go-maglev's tables are far smaller).
 	MaxTableSize = 1 << 24
 )

@@ -7,12 +7,19 @@
 
 #include "lbd_net.h"
 
-/* Defaults for map sizes; the Go loader overrides max_entries at load time. */
-#define LB_DEFAULT_MAX_SERVICES 4096
-#define LB_DEFAULT_MAX_BACKENDS 65536
-#define LB_DEFAULT_CT_SIZE 1310720
-#define LB_DEFAULT_AFF_SIZE 65536
-#define LB_DEFAULT_SRC_SIZE 16384
+/* Map sizes compiled into the object. The Go package sizes every map at load time
+ * (lbxdp.Options), and these are its defaults (generated for it, lb_btf_types); lbd
+ * sizes the ID-indexed maps from its store's limits (daemon/lbd/datapathcfg.go). */
+enum lb_default {
+	LB_DEFAULT_MAX_SERVICES = 4096,  /* service IDs 0..4095 */
+	LB_DEFAULT_MAX_BACKENDS = 65536, /* backend IDs 1..65535 */
+	LB_DEFAULT_CT_FLOWS = 1 << 20,   /* flows conntrack is sized for */
+	LB_DEFAULT_AFF_SIZE = 65536,
+	LB_DEFAULT_SRC_SIZE = 16384,
+};
+/* The conntrack maps hold a quarter more than their flows: headroom for new flows
+ * while the collector has not yet reclaimed the excess (lbxdp.ConntrackEntries). */
+#define LB_DEFAULT_CT_SIZE (LB_DEFAULT_CT_FLOWS + LB_DEFAULT_CT_FLOWS / 4)
 
 /* Service flags. */
 enum lb_svc_flag {
@@ -350,6 +357,7 @@ struct lb_btf_types {
 	enum lb_ct_flag ct_flag;
 	enum lb_ct_event ct_event;
 	enum lb_mon_flag mon_flag;
+	enum lb_default defaults;
 };
 LBD_BTF_TYPES(lb_btf_types);
 

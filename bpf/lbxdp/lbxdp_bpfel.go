@@ -135,6 +135,16 @@ const (
 	lbxdpLbCtStateLB_CT_SCTP_CLOSED      lbxdpLbCtState = 8
 )
 
+type lbxdpLbDefault uint32
+
+const (
+	lbxdpLbDefaultLB_DEFAULT_MAX_SERVICES lbxdpLbDefault = 4096
+	lbxdpLbDefaultLB_DEFAULT_MAX_BACKENDS lbxdpLbDefault = 65536
+	lbxdpLbDefaultLB_DEFAULT_CT_FLOWS     lbxdpLbDefault = 1048576
+	lbxdpLbDefaultLB_DEFAULT_AFF_SIZE     lbxdpLbDefault = 65536
+	lbxdpLbDefaultLB_DEFAULT_SRC_SIZE     lbxdpLbDefault = 16384
+)
+
 type lbxdpLbDropReason uint32
 
 const (

@@ -36,11 +36,12 @@ import (
 	"github.com/lbd-dev/lbd/bpf/lbxdp"
 )
 
-// Map sizes used when Options leave them zero.
+// Map sizes used when Options leave them zero: the sizes compiled into the programs
+// (enum sk_default), as bpf2go generates them.
 const (
-	DefaultRevNATSize   = 262144
-	DefaultUDPSize      = 65536
-	DefaultAffinitySize = 65536
+	DefaultRevNATSize   = uint32(socklbSkDefaultSK_DEFAULT_REVNAT_SIZE)
+	DefaultUDPSize      = uint32(socklbSkDefaultSK_DEFAULT_UDP_SIZE)
+	DefaultAffinitySize = uint32(socklbSkDefaultSK_DEFAULT_AFF_SIZE)
 )
 
 // Options configure Load.

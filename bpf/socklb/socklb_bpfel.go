@@ -88,6 +88,14 @@ type socklbSkAffKey struct {
 	Pad         uint32
 }
 
+type socklbSkDefault uint32
+
+const (
+	socklbSkDefaultSK_DEFAULT_REVNAT_SIZE socklbSkDefault = 262144
+	socklbSkDefaultSK_DEFAULT_UDP_SIZE    socklbSkDefault = 65536
+	socklbSkDefaultSK_DEFAULT_AFF_SIZE    socklbSkDefault = 65536
+)
+
 type socklbSkRev struct {
 	_         structs.HostLayout
 	Vip       [16]uint8
