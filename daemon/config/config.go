@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/lbd-dev/lbd/daemon/advertise"
+	"github.com/lbd-dev/lbd/daemon/datapath"
 	"github.com/lbd-dev/lbd/daemon/servicematch"
 	"github.com/lbd-dev/lbd/daemon/store"
 	"sigs.k8s.io/yaml"
@@ -308,17 +309,17 @@ func Default() Config {
 			BPFFSDir:           "/sys/fs/bpf/lbd",
 			HashSeed:           DefaultHashSeed,
 			VNI:                2,
-			ConntrackSize:      1 << 20,
-			ConntrackGuardRate: 100000, // lbxdp.DefaultGuardRate
-			NATSize:            1 << 18,
+			ConntrackSize:      datapath.DefaultConntrackSize,
+			ConntrackGuardRate: datapath.DefaultConntrackGuardRate,
+			NATSize:            datapath.DefaultNATSize,
 			GCMinInterval:      Duration(time.Second),
 			GCMaxInterval:      Duration(time.Minute),
 			TCPIdleTimeout:     Duration(6 * time.Hour),
 			UDPIdleTimeout:     Duration(time.Minute),
 			NATClosingTimeout:  Duration(time.Minute),
-			SocketLB:           SocketLB{Translations: 1 << 18},
+			SocketLB:           SocketLB{Translations: datapath.DefaultSocketTranslations},
 			Monitor:            Monitor{Sample: 1, Rate: 1000},
-			VerifyInterval:     Duration(5 * time.Second),
+			VerifyInterval:     Duration(datapath.DefaultVerifyInterval),
 		},
 		MetricsListen: "127.0.0.1:9310",
 		Metrics:       Metrics{ServiceSeriesLimit: DefaultServiceSeriesLimit},

@@ -18,6 +18,13 @@ import (
 // datapathConfig turns the configuration into the datapath manager's.
 func datapathConfig(cfg config.Config) (datapath.Config, error) {
 	d := cfg.Datapath
+	// The store's limits size the maps that IDs index: it hands out service IDs
+	// 1..MaxServices and backend IDs 1..MaxBackends (0 is no ID), so each such map has
+	// one entry more than its limit. The programs' compiled-in sizes
+	// (lbxdp.DefaultMaxServices, ...) apply only where no size is given, and lbd always
+	// gives one. TestMapsHoldStoreIDs checks the relation. It does not hold while the
+	// IDs of removed services or backends wait for the datapath (store.Options.HoldIDs):
+	// a new one then gets the next ID, which can be above its limit.
 	dc := datapath.Config{
 		LB:                 slices.Contains(cfg.Roles, config.RoleLB),
 		Backend:            slices.Contains(cfg.Roles, config.RoleBackend),
@@ -29,7 +36,7 @@ func datapathConfig(cfg config.Config) (datapath.Config, error) {
 		ConntrackGuardRate: d.ConntrackGuardRate,
 		NATSize:            d.NATSize,
 		MaxServices:        uint32(cfg.Limits.MaxServices) + 1, // IDs 1..MaxServices
-		MaxBackends:        uint32(cfg.Limits.MaxBackends) + 1,
+		MaxBackends:        uint32(cfg.Limits.MaxBackends) + 1, // IDs 1..MaxBackends
 		GC:                 gc.Interval{Min: time.Duration(d.GCMinInterval), Max: time.Duration(d.GCMaxInterval), Start: time.Duration(d.GCMinInterval) * 10},
 		TCPIdleTimeout:     time.Duration(d.TCPIdleTimeout),
 		UDPIdleTimeout:     time.Duration(d.UDPIdleTimeout),

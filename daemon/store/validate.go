@@ -34,7 +34,8 @@ type Limits struct {
 	DefaultTableSize uint32 `json:"default_maglev_table_size"`
 }
 
-// DefaultLimits are sized for the datapath's default maps.
+// DefaultLimits are lbd's defaults; the datapath's ID-indexed maps are sized from the
+// limits, one entry more than each (daemon/lbd/datapathcfg.go).
 func DefaultLimits() Limits {
 	return Limits{
 		MaxServices:           16384,
