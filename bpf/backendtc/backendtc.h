@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Maps, map types and constants of the backend-node TC programs. The Go package
- * backendtc mirrors these layouts (through bpf2go -type) and the counter order. */
+/* Maps, map types and constants of the backend-node TC programs; the layouts and
+ * enums are generated for Go by bpf2go -type (gen.go). */
 #ifndef LBD_BACKENDTC_H
 #define LBD_BACKENDTC_H
 

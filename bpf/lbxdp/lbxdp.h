@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Map layouts of the LB-node XDP program. The Go package mirrors these through
- * bpf2go -type; change both together. Addresses are 16 bytes with IPv4 in the
- * first four and zeros after, so one key layout serves both families. */
+/* Map layouts and enums of the LB-node XDP program, generated for Go by bpf2go
+ * -type (gen.go). Addresses are 16 bytes with IPv4 in the first four and zeros
+ * after, so one key layout serves both families. */
 #ifndef LBXDP_H
 #define LBXDP_H
 

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Map layouts of the socket-level programs. The Go package mirrors these through
- * bpf2go -type; change both together. Addresses are 16 bytes with IPv4 in the first
- * four, as in lbxdp.h. */
+/* Map layouts and enums of the socket-level programs, generated for Go by bpf2go
+ * -type (gen.go). Addresses are 16 bytes with IPv4 in the first four, as in
+ * lbxdp.h. */
 #ifndef SOCKLB_H
 #define SOCKLB_H
 
