@@ -3,6 +3,7 @@ package lbctl
 import (
 	"context"
 	"encoding/json"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -17,7 +18,7 @@ type fakeBGP struct{ routes []*lbdv1.BgpRoute }
 
 func (f *fakeBGP) Peers(context.Context) ([]*lbdv1.BgpPeer, error)   { return nil, nil }
 func (f *fakeBGP) Routes(context.Context) ([]*lbdv1.BgpRoute, error) { return f.routes, nil }
-func (f *fakeBGP) Static(string) bool                                { return false }
+func (f *fakeBGP) Static(netip.Addr) bool                            { return false }
 
 func TestBGPRoutes(t *testing.T) {
 	t.Parallel()

@@ -28,6 +28,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/lbd-dev/lbd/daemon/bgp"
+	"github.com/lbd-dev/lbd/daemon/model"
 	"github.com/lbd-dev/lbd/daemon/store"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"google.golang.org/grpc/codes"
@@ -54,7 +55,7 @@ type Controller struct {
 	wake     chan struct{}
 
 	mu       sync.Mutex // guards services, written by the store listener
-	services map[string]*lbdv1.Service
+	services map[string]*model.Service
 
 	// passMu serializes passes with Withdraw, so that no pass re-announces or rewrites
 	// statuses after Withdraw.
@@ -103,7 +104,7 @@ func New(cfg Config, st *store.Store, attached func() bool, restarting bool, log
 		attached:    attached,
 		log:         logger,
 		wake:        make(chan struct{}, 1),
-		services:    map[string]*lbdv1.Service{},
+		services:    map[string]*model.Service{},
 		vipServices: map[netip.Prefix][]string{},
 		storePeers:  map[netip.Addr]storePeerState{},
 	}, nil
@@ -118,7 +119,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer unlisten()
 	c.mu.Lock()
 	for _, svc := range snap {
-		c.services[svc.Name] = svc
+		c.services[svc.Spec.Name] = svc
 	}
 	c.mu.Unlock()
 
@@ -221,24 +222,24 @@ func (c *Controller) pass(ctx context.Context, sp *bgp.Speaker, attached bool) b
 
 	drained := c.st.Drained()
 	c.mu.Lock()
-	svcs := make([]*lbdv1.Service, 0, len(c.services))
+	svcs := make([]*model.Service, 0, len(c.services))
 	for _, svc := range c.services {
 		svcs = append(svcs, svc)
 	}
 	c.mu.Unlock()
-	slices.SortFunc(svcs, func(a, b *lbdv1.Service) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(svcs, func(a, b *model.Service) int { return strings.Compare(a.Spec.Name, b.Spec.Name) })
 
 	verdicts := make(map[string]verdict, len(svcs))
 	wanted := map[netip.Prefix][]string{}
 	waiting := map[netip.Prefix]string{}
 	for _, svc := range svcs {
 		v := c.judge(svc, attached, drained)
-		verdicts[svc.Name] = v
+		verdicts[svc.Spec.Name] = v
 		if v.qualifies {
-			wanted[v.prefix] = append(wanted[v.prefix], svc.Name)
+			wanted[v.prefix] = append(wanted[v.prefix], svc.Spec.Name)
 		}
 		if v.waiting {
-			waiting[v.prefix] = svc.Name
+			waiting[v.prefix] = svc.Spec.Name
 		}
 	}
 	// A VIP goes on the wire only once every service on it is in the datapath: its
@@ -291,11 +292,11 @@ func (c *Controller) pass(ctx context.Context, sp *bgp.Speaker, attached bool) b
 		}
 	}
 	for _, svc := range svcs {
-		adv, reason := verdicts[svc.Name].status(wanted, established, setErr)
-		err := c.st.SetAdvertised(svc.Name, adv, reason)
+		adv, reason := verdicts[svc.Spec.Name].status(wanted, established, setErr)
+		err := c.st.SetAdvertised(svc.Spec.Name, adv, reason)
 		if err != nil && store.Code(err) != codes.NotFound {
 			ok = false
-			c.log.Error("record advertise status", "op", "advertise", "service", svc.Name, "error", err)
+			c.log.Error("record advertise status", "op", "advertise", "service", svc.Spec.Name, "error", err)
 		}
 	}
 	return ok
@@ -308,19 +309,14 @@ type verdict struct {
 	qualifies bool
 	// waiting: the service is not in the datapath yet (and was not announced before).
 	waiting bool
-	// why the service does not qualify, or why its VIP is invalid.
+	// why the service does not qualify.
 	why string
 }
 
-func (c *Controller) judge(svc *lbdv1.Service, attached, drained bool) verdict {
+func (c *Controller) judge(ms *model.Service, attached, drained bool) verdict {
+	svc := ms.Spec
 	v := verdict{name: svc.Name}
-	vip, err := netip.ParseAddr(svc.Vip)
-	if err != nil {
-		v.why = fmt.Sprintf("VIP %q is not an IP address", svc.Vip)
-		return v
-	}
-	vip = vip.Unmap()
-	v.prefix = netip.PrefixFrom(vip, vip.BitLen())
+	v.prefix = netip.PrefixFrom(ms.VIP, ms.VIP.BitLen())
 	switch {
 	case !attached:
 		v.why = "datapath detached"
@@ -367,9 +363,6 @@ func reachesNoBackendNode(svc *lbdv1.Service) bool {
 // status is the service's advertise status given the routes handed to the speaker,
 // the established sessions per family and the speaker's error, if any.
 func (v verdict) status(wanted map[netip.Prefix][]string, established map[bgp.Family]int, setErr error) (bool, string) {
-	if !v.prefix.IsValid() {
-		return false, "not advertised: " + v.why
-	}
 	others, onWire := wanted[v.prefix]
 	if !onWire {
 		return false, "withdrawn: " + v.why
@@ -458,12 +451,9 @@ func (c *Controller) syncPeers(ctx context.Context, sp *bgp.Speaker) bool {
 // With logShadowed, it logs those left out.
 func (c *Controller) wantedStorePeers(logShadowed bool) map[netip.Addr]storePeerState {
 	out := map[netip.Addr]storePeerState{}
-	for _, p := range c.st.BgpPeersWithSecrets() {
+	for _, p := range c.st.BgpPeers(true) {
 		pc, err := c.peerFromStore(p)
 		switch {
-		case !pc.Address.IsValid():
-			// The store validates addresses; this cannot be configured anywhere.
-			c.log.Error("API peer with an invalid address ignored", "op", "sync-peers", "peer", p.Address)
 		case c.static[pc.Address]:
 			if logShadowed {
 				c.log.Warn("API peer ignored: the configuration file has a peer with this address",
@@ -477,13 +467,10 @@ func (c *Controller) wantedStorePeers(logShadowed bool) map[netip.Addr]storePeer
 }
 
 // peerFromStore converts an API peer; the error says why the speaker would refuse it.
-func (c *Controller) peerFromStore(p *lbdv1.BgpPeer) (bgp.PeerConfig, error) {
-	addr, err := netip.ParseAddr(p.Address)
-	if err != nil {
-		return bgp.PeerConfig{}, fmt.Errorf("parse peer address: %w", err)
-	}
+func (c *Controller) peerFromStore(mp model.Peer) (bgp.PeerConfig, error) {
+	p := mp.Spec
 	pc := bgp.PeerConfig{
-		Address:           addr.Unmap(),
+		Address:           mp.Addr,
 		AS:                p.PeerAs,
 		Port:              uint16(p.Port),
 		Password:          p.Password,

@@ -203,7 +203,7 @@ func TestPeerFromStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := c.waitEstablished(t, "127.0.0.1")
-	if c.Static("127.0.0.1") {
+	if c.Static(netip.MustParseAddr("127.0.0.1")) {
 		t.Error("Static(127.0.0.1) = true for a peer of the API")
 	}
 	if want := "graceful restart negotiated: the peer keeps this node's routes for 1m0s while lbd restarts"; p.Status.Reason != want {
@@ -304,7 +304,7 @@ func TestNoEstablishedPeer(t *testing.T) {
 		!strings.HasPrefix(p.Status.Reason, fmt.Sprintf("not established: connecting to 127.0.0.1:%d every 1s", port)) {
 		t.Errorf("peer status = %v, want not established, connecting", p.Status)
 	}
-	if !c.Static("127.0.0.1") || !c.Static("::ffff:127.0.0.1") || c.Static("127.0.0.2") || c.Static("bad") {
+	if !c.Static(netip.MustParseAddr("127.0.0.1")) || !c.Static(netip.MustParseAddr("::ffff:127.0.0.1")) || c.Static(netip.MustParseAddr("127.0.0.2")) {
 		t.Error("Static: want true for the configured peer only")
 	}
 

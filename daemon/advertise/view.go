@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -31,9 +32,8 @@ var sessionStates = map[bgp.SessionState]lbdv1.BgpSessionState{
 
 // Static reports whether addr is a peer of the configuration file, which the API must
 // not create, change or delete.
-func (c *Controller) Static(addr string) bool {
-	a, err := netip.ParseAddr(addr)
-	return err == nil && c.static[a.Unmap()]
+func (c *Controller) Static(addr netip.Addr) bool {
+	return c.static[addr.Unmap()]
 }
 
 // Peers returns every peer, static and from the API, with its session status, sorted by
@@ -54,10 +54,8 @@ func (c *Controller) Peers(ctx context.Context) ([]*lbdv1.BgpPeer, error) {
 	for _, st := range statuses {
 		byAddr[st.Address] = st
 	}
-	var out []*lbdv1.BgpPeer
-	configured := map[netip.Addr]bool{}
+	out := map[netip.Addr]*lbdv1.BgpPeer{}
 	for _, pc := range sp.Peers() {
-		configured[pc.Address] = true
 		p := peerToAPI(pc)
 		st, ok := byAddr[pc.Address]
 		if !ok {
@@ -65,46 +63,47 @@ func (c *Controller) Peers(ctx context.Context) ([]*lbdv1.BgpPeer, error) {
 		} else {
 			p.Status = peerStatus(pc, st)
 		}
-		out = append(out, p)
+		out[pc.Address] = p
 	}
 	c.stateMu.Lock()
 	for addr, sps := range c.storePeers {
-		if sps.err != nil && !configured[addr] {
+		if _, configured := out[addr]; sps.err != nil && !configured {
 			p := peerToAPI(sps.cfg)
 			p.Status = &lbdv1.BgpPeerStatus{
 				State:  lbdv1.BgpSessionState_BGP_SESSION_STATE_IDLE,
 				Reason: "not configured in the BGP speaker: " + sps.err.Error(),
 			}
-			out = append(out, p)
+			out[addr] = p
 		}
 	}
 	c.stateMu.Unlock()
-	sortPeers(out)
-	return out, nil
+	return byAddress(out), nil
 }
 
 // idlePeers lists the static and API peers while no speaker runs.
 func (c *Controller) idlePeers() []*lbdv1.BgpPeer {
-	var out []*lbdv1.BgpPeer
+	out := map[netip.Addr]*lbdv1.BgpPeer{}
 	for _, pc := range c.bgpCfg.Peers {
-		out = append(out, peerToAPI(pc))
+		out[pc.Address] = peerToAPI(pc)
 	}
-	for _, p := range c.st.ListBgpPeers() {
-		if !c.Static(p.Address) {
-			out = append(out, p)
+	for _, p := range c.st.BgpPeers(false) {
+		if !c.Static(p.Addr) {
+			out[p.Addr] = p.Spec
 		}
 	}
 	for _, p := range out {
 		p.Status = &lbdv1.BgpPeerStatus{State: lbdv1.BgpSessionState_BGP_SESSION_STATE_IDLE, Reason: notRunning}
 	}
-	sortPeers(out)
-	return out
+	return byAddress(out)
 }
 
-func sortPeers(ps []*lbdv1.BgpPeer) {
-	slices.SortFunc(ps, func(a, b *lbdv1.BgpPeer) int {
-		return netip.MustParseAddr(a.Address).Compare(netip.MustParseAddr(b.Address))
-	})
+// byAddress lists peers sorted by address.
+func byAddress(ps map[netip.Addr]*lbdv1.BgpPeer) []*lbdv1.BgpPeer {
+	out := make([]*lbdv1.BgpPeer, 0, len(ps))
+	for _, a := range slices.SortedFunc(maps.Keys(ps), netip.Addr.Compare) {
+		out = append(out, ps[a])
+	}
+	return out
 }
 
 // peerToAPI converts a peer configuration, without its password.

@@ -47,7 +47,7 @@ type BGP interface {
 	Routes(context.Context) ([]*lbdv1.BgpRoute, error)
 	// Static reports whether a peer address comes from the configuration file: the API
 	// does not create, change or delete those.
-	Static(addr string) bool
+	Static(addr netip.Addr) bool
 }
 
 // Options configure the API server.

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"net/netip"
 
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"google.golang.org/grpc/codes"
@@ -112,8 +113,19 @@ func (s *Server) peerStatus(ctx context.Context, p *lbdv1.BgpPeer) *lbdv1.BgpPee
 	return p
 }
 
+// static reports whether addr, a request's peer address, is a peer of the
+// configuration file. An address that does not parse is none: the store's validation
+// says what is wrong with it.
+func (s *Server) static(addr string) bool {
+	if s.opts.BGP == nil {
+		return false
+	}
+	a, err := netip.ParseAddr(addr)
+	return err == nil && s.opts.BGP.Static(a)
+}
+
 func (s *Server) checkNotStatic(addr string) error {
-	if s.opts.BGP != nil && s.opts.BGP.Static(addr) {
+	if s.static(addr) {
 		return status.Errorf(codes.FailedPrecondition, "peer.address: %s is configured in lbd's configuration file; change it there", addr)
 	}
 	return nil
@@ -121,7 +133,7 @@ func (s *Server) checkNotStatic(addr string) error {
 
 // CreateBgpPeer implements lbdv1.BgpServiceServer.
 func (s *Server) CreateBgpPeer(ctx context.Context, r *lbdv1.CreateBgpPeerRequest) (*lbdv1.CreateBgpPeerResponse, error) {
-	if s.opts.BGP != nil && s.opts.BGP.Static(r.GetPeer().GetAddress()) {
+	if s.static(r.GetPeer().GetAddress()) {
 		return nil, status.Errorf(codes.AlreadyExists, "peer.address: %s is already configured in lbd's configuration file", r.GetPeer().GetAddress())
 	}
 	p, err := s.st.CreateBgpPeer(r.GetPeer())

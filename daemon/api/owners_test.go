@@ -193,7 +193,7 @@ func TestOwnerChangesRaceWrites(t *testing.T) {
 	var violations atomic.Int64
 	_, _, cancel := g.st.SnapshotAndListen(func(evs []store.Event) {
 		for _, ev := range evs {
-			if ev.Service.GetOwner() == "team-b" && len(ev.Service.GetBackends()) > 0 {
+			if ev.Service.Spec.GetOwner() == "team-b" && len(ev.Service.Spec.GetBackends()) > 0 {
 				violations.Add(1)
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lbd-dev/lbd/daemon/model"
 	"github.com/lbd-dev/lbd/daemon/store"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"google.golang.org/grpc/codes"
@@ -53,12 +54,12 @@ func (s *Server) WatchServices(r *lbdv1.WatchServicesRequest, stream lbdv1.LoadB
 // sendWatch sends the snapshot, SYNCED, then the queued changes (and the changes of the
 // node's staleness, when asked for) until done. Every event says whether the node is
 // stale as it is sent.
-func sendWatch(stream lbdv1.LoadBalancerService_WatchServicesServer, q *watchQueue, snap []*lbdv1.Service, stale *watchStaleness, done <-chan struct{}) error {
+func sendWatch(stream lbdv1.LoadBalancerService_WatchServicesServer, q *watchQueue, snap []*model.Service, stale *watchStaleness, done <-chan struct{}) error {
 	for _, svc := range snap {
-		if q.owner != "" && svc.Owner != q.owner {
+		if q.owner != "" && svc.Spec.Owner != q.owner {
 			continue
 		}
-		if err := stream.Send(stale.stamp(&lbdv1.WatchServicesResponse{Type: lbdv1.WatchEventType_WATCH_EVENT_TYPE_ADDED, Service: svc})); err != nil {
+		if err := stream.Send(stale.stamp(&lbdv1.WatchServicesResponse{Type: lbdv1.WatchEventType_WATCH_EVENT_TYPE_ADDED, Service: svc.Spec})); err != nil {
 			return err
 		}
 	}
@@ -88,7 +89,7 @@ func sendWatch(stream lbdv1.LoadBalancerService_WatchServicesServer, q *watchQue
 			case store.Deleted:
 				typ = lbdv1.WatchEventType_WATCH_EVENT_TYPE_DELETED
 			}
-			if err := stream.Send(stale.stamp(&lbdv1.WatchServicesResponse{Type: typ, Service: ev.Service})); err != nil {
+			if err := stream.Send(stale.stamp(&lbdv1.WatchServicesResponse{Type: typ, Service: ev.Service.Spec})); err != nil {
 				return err
 			}
 		}
@@ -117,7 +118,7 @@ func (q *watchQueue) push(evs []store.Event) {
 	}
 	n := len(q.events)
 	for _, ev := range evs {
-		if ev.Type == store.Node || (q.owner != "" && ev.Service.GetOwner() != q.owner) {
+		if ev.Type == store.Node || (q.owner != "" && ev.Service.Spec.GetOwner() != q.owner) {
 			continue
 		}
 		q.events = append(q.events, ev)

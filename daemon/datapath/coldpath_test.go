@@ -5,6 +5,7 @@ package datapath
 import (
 	"context"
 	"fmt"
+	"github.com/lbd-dev/lbd/daemon/model/modeltest"
 	"net"
 	"net/netip"
 	"testing"
@@ -65,7 +66,7 @@ func coldPath(t *testing.T, v6 bool) {
 	b.NodeAddress = nodeAddr
 	svc := service(1, "dns", "203.0.113.10", 53, 251, b)
 	svc.Protocol = lbdv1.Protocol_PROTOCOL_UDP
-	if _, err := m.Sync(context.Background(), []*lbdv1.Service{svc}); err != nil {
+	if _, err := m.Sync(context.Background(), modeltest.All(svc)); err != nil {
 		t.Fatal(err)
 	}
 

@@ -4,6 +4,7 @@ package datapath
 
 import (
 	"context"
+	"github.com/lbd-dev/lbd/daemon/model/modeltest"
 	"net/netip"
 	"testing"
 	"time"
@@ -23,7 +24,7 @@ func TestListConnectionsPages(t *testing.T) {
 	m := n.open(t, n.config(1<<16))
 	svc := service(1, "web", "203.0.113.10", 80, 251, backend(1, "198.18.10.1", 8080, active), backend(2, "198.18.10.2", 8080, active))
 	ctx := context.Background()
-	if _, err := m.Sync(ctx, []*lbdv1.Service{svc}); err != nil {
+	if _, err := m.Sync(ctx, modeltest.All(svc)); err != nil {
 		t.Fatal(err)
 	}
 	entries := ctEntries(5000, 1, 1, 2, time.Hour, 1)

@@ -5,6 +5,7 @@ package datapath
 import (
 	"context"
 	"fmt"
+	"github.com/lbd-dev/lbd/daemon/model/modeltest"
 	"slices"
 	"testing"
 
@@ -32,7 +33,7 @@ func TestTableDigests(t *testing.T) {
 		cfg := n.config(1 << 12)
 		cfg.HashSeed = seed
 		m := n.open(t, cfg)
-		if _, err := m.Sync(context.Background(), []*lbdv1.Service{svc}); err != nil {
+		if _, err := m.Sync(context.Background(), modeltest.All(svc)); err != nil {
 			t.Fatal(err)
 		}
 		return m

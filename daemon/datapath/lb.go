@@ -12,6 +12,7 @@ import (
 
 	"github.com/lbd-dev/lbd/bpf/lbxdp"
 	"github.com/lbd-dev/lbd/daemon/maglev"
+	"github.com/lbd-dev/lbd/daemon/model"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 )
 
@@ -61,22 +62,19 @@ type plan struct {
 
 // desired computes what the maps should hold for svc; its Maglev table is built later
 // (buildTables), and only when the digest of its input changed.
-func desired(svc *lbdv1.Service) (*plan, error) {
-	vip, err := netip.ParseAddr(svc.Vip)
-	if err != nil {
-		return nil, fmt.Errorf("service %s: vip: %w", svc.Name, err)
-	}
+func desired(ms *model.Service) (*plan, error) {
+	svc := ms.Spec
 	proto, err := protoNum(svc.Protocol)
 	if err != nil {
 		return nil, fmt.Errorf("service %s: %w", svc.Name, err)
 	}
 	p := &programmed{
 		name: svc.Name,
-		key:  lbxdp.ServiceKey{VIP: vip, Port: uint16(svc.Port), Proto: proto},
+		key:  lbxdp.ServiceKey{VIP: ms.VIP, Port: uint16(svc.Port), Proto: proto},
 		svc: lbxdp.Service{
 			ID:            svc.Id,
 			DropNoBackend: svc.NoBackendAction == lbdv1.NoBackendAction_NO_BACKEND_ACTION_DROP,
-			SourceRanges:  len(svc.SourceRanges) > 0,
+			SourceRanges:  len(ms.SourceRanges) > 0,
 		},
 		backends:    make(map[uint32]lbxdp.Backend, len(svc.Backends)),
 		backendKeys: make(map[uint32]netip.AddrPort, len(svc.Backends)),
@@ -91,26 +89,12 @@ func desired(svc *lbdv1.Service) (*plan, error) {
 	if a := svc.SessionAffinity; a != nil {
 		p.svc.AffinityTimeout = a.Timeout.AsDuration()
 	}
-	for _, r := range svc.SourceRanges {
-		pr, err := netip.ParsePrefix(r)
-		if err != nil {
-			return nil, fmt.Errorf("service %s: source range: %w", svc.Name, err)
-		}
-		p.ranges = append(p.ranges, pr)
-	}
+	p.ranges = ms.SourceRanges
 	var usable []maglev.Backend
 	var entries uint64
-	for _, b := range svc.Backends {
+	for i, b := range svc.Backends {
 		entries += uint64(b.Weight)
-		addr, err := netip.ParseAddr(b.Address)
-		if err != nil {
-			return nil, fmt.Errorf("service %s: backend: %w", svc.Name, err)
-		}
-		node, err := netip.ParseAddr(b.NodeAddress)
-		if err != nil {
-			return nil, fmt.Errorf("service %s: backend node: %w", svc.Name, err)
-		}
-		ap := netip.AddrPortFrom(addr, uint16(b.Port))
+		ap, node := ms.Backends[i].Addr, ms.Backends[i].Node
 		down := b.Health.GetState() == lbdv1.HealthState_HEALTH_STATE_DOWN
 		switch {
 		case b.State == lbdv1.BackendState_BACKEND_STATE_DISABLED:
@@ -121,7 +105,7 @@ func desired(svc *lbdv1.Service) (*plan, error) {
 		// Draining and down backends, and those whose node this node cannot reach, stay
 		// in the backend map so their established flows keep going; only usable ones
 		// enter the Maglev table.
-		p.backends[b.Id] = lbxdp.Backend{Addr: addr, Port: uint16(b.Port), Node: node}
+		p.backends[b.Id] = lbxdp.Backend{Addr: ap.Addr(), Port: ap.Port(), Node: node}
 		p.backendKeys[b.Id] = ap
 		// A draining or down backend keeps its server ID, so its QUIC connections go on
 		// whatever their client's address; a disabled or removed one is not here.
@@ -146,15 +130,15 @@ func desired(svc *lbdv1.Service) (*plan, error) {
 }
 
 // Upsert programs one service (Apply with one service).
-func (m *Manager) Upsert(ctx context.Context, svc *lbdv1.Service) (map[uint32]uint32, error) {
-	slots, errs := m.Apply(ctx, nil, []*lbdv1.Service{svc})
-	return slots[svc.Id], errs[svc.Id]
+func (m *Manager) Upsert(ctx context.Context, svc *model.Service) (map[uint32]uint32, error) {
+	slots, errs := m.Apply(ctx, nil, []*model.Service{svc})
+	return slots[svc.Spec.Id], errs[svc.Spec.Id]
 }
 
 // Delete removes one service (Apply with one removal).
-func (m *Manager) Delete(ctx context.Context, svc *lbdv1.Service) error {
-	_, errs := m.Apply(ctx, []*lbdv1.Service{svc}, nil)
-	return errs[svc.Id]
+func (m *Manager) Delete(ctx context.Context, svc *model.Service) error {
+	_, errs := m.Apply(ctx, []*model.Service{svc}, nil)
+	return errs[svc.Spec.Id]
 }
 
 // Apply implements reconcile.Datapath: it removes deletes, then programs upserts, in
@@ -162,7 +146,7 @@ func (m *Manager) Delete(ctx context.Context, svc *lbdv1.Service) error {
 // table maps are swapped in together (one RCU grace period per batch, not per table);
 // learned state (conntrack, affinity) is swept once for the whole batch. A service
 // whose change fails is reported by ID and does not stop the others.
-func (m *Manager) Apply(_ context.Context, deletes, upserts []*lbdv1.Service) (map[uint32]map[uint32]uint32, map[uint32]error) {
+func (m *Manager) Apply(_ context.Context, deletes, upserts []*model.Service) (map[uint32]map[uint32]uint32, map[uint32]error) {
 	slotsOut := map[uint32]map[uint32]uint32{}
 	errs := map[uint32]error{}
 	if m.lb == nil {
@@ -172,15 +156,15 @@ func (m *Manager) Apply(_ context.Context, deletes, upserts []*lbdv1.Service) (m
 	defer m.mu.Unlock()
 	var sw sweep
 	for _, svc := range deletes {
-		if err := m.remove(svc.Id, &sw); err != nil {
-			errs[svc.Id] = err
+		if err := m.remove(svc.Spec.Id, &sw); err != nil {
+			errs[svc.Spec.Id] = err
 		}
 	}
 	plans := make([]*plan, 0, len(upserts))
 	for _, svc := range upserts {
 		p, err := desired(svc)
 		if err != nil {
-			errs[svc.Id] = err
+			errs[svc.Spec.Id] = err
 			continue
 		}
 		plans = append(plans, p)
@@ -193,8 +177,8 @@ func (m *Manager) Apply(_ context.Context, deletes, upserts []*lbdv1.Service) (m
 			}
 		}
 		for _, svc := range deletes {
-			if errs[svc.Id] == nil {
-				errs[svc.Id] = err
+			if errs[svc.Spec.Id] == nil {
+				errs[svc.Spec.Id] = err
 			}
 		}
 	}
@@ -458,7 +442,7 @@ func (m *Manager) remove(id uint32, sw *sweep) error {
 // the maps (adopted from an earlier daemon, or empty) and removes what is not desired.
 // After a restart with equal state it writes nothing: the tables in the maps carry the
 // digest of what they were built from, and none is built again.
-func (m *Manager) Sync(_ context.Context, svcs []*lbdv1.Service) (map[string]map[uint32]uint32, error) {
+func (m *Manager) Sync(_ context.Context, svcs []*model.Service) (map[string]map[uint32]uint32, error) {
 	out := map[string]map[uint32]uint32{}
 	if m.lb == nil {
 		return out, nil
@@ -474,7 +458,7 @@ func (m *Manager) Sync(_ context.Context, svcs []*lbdv1.Service) (map[string]map
 			return nil, err
 		}
 		plans = append(plans, p)
-		keep[svc.Id] = true
+		keep[svc.Spec.Id] = true
 	}
 	var sw sweep
 	for _, id := range slices.Sorted(maps.Keys(m.programmed)) {

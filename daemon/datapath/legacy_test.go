@@ -5,6 +5,7 @@ package datapath
 import (
 	"encoding/binary"
 	"errors"
+	"github.com/lbd-dev/lbd/daemon/model/modeltest"
 	"io/fs"
 	"net/netip"
 	"os"
@@ -126,7 +127,7 @@ func TestUpgradeRemovesLegacyTables(t *testing.T) {
 		t.Errorf("former maglev tables still pinned: %v", err)
 	}
 	svcs := manyServices(1, 3, 0)
-	if _, err := m2.Sync(t.Context(), svcs); err != nil {
+	if _, err := m2.Sync(t.Context(), modeltest.All(svcs...)); err != nil {
 		t.Fatal(err)
 	}
 	if st, err := m2.lb.ReadTable(1); err != nil || st == nil || !st.Intact {

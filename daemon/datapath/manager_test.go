@@ -5,6 +5,7 @@ package datapath
 import (
 	"context"
 	"fmt"
+	"github.com/lbd-dev/lbd/daemon/model/modeltest"
 	"net/netip"
 	"slices"
 	"testing"
@@ -45,7 +46,7 @@ func TestRestartAdoptsStateAndGrowsConntrack(t *testing.T) {
 	n := newNode(t)
 	m := n.open(t, n.config(1<<16))
 	svc := service(1, "web", "203.0.113.10", 80, 251, backend(1, "198.18.10.1", 8080, active), backend(2, "198.18.10.2", 8080, active))
-	if _, err := m.Sync(context.Background(), []*lbdv1.Service{svc}); err != nil {
+	if _, err := m.Sync(context.Background(), modeltest.All(svc)); err != nil {
 		t.Fatal(err)
 	}
 	if w, err := m.lb.RestoreConntrack(ctEntries(50000, 1, 1, 2, time.Hour, 1)); err != nil || w != 50000 {
@@ -76,7 +77,7 @@ func TestRestartAdoptsStateAndGrowsConntrack(t *testing.T) {
 	if _, ok := m2.links["xdp-"+n.uplink]; !ok {
 		t.Fatalf("XDP link not adopted: %v", m2.links)
 	}
-	if _, err := m2.Sync(context.Background(), []*lbdv1.Service{svc}); err != nil {
+	if _, err := m2.Sync(context.Background(), modeltest.All(svc)); err != nil {
 		t.Fatal(err)
 	}
 	if got := dump(t, m2); len(got) != len(before) {
@@ -93,7 +94,7 @@ func TestDrainAndDisable(t *testing.T) {
 		return service(1, "web", "203.0.113.10", 80, 251, backend(1, "198.18.10.1", 8080, active), backend(2, "198.18.10.2", 8080, s2))
 	}
 	ctx := context.Background()
-	if _, err := m.Sync(ctx, []*lbdv1.Service{mk(active)}); err != nil {
+	if _, err := m.Sync(ctx, modeltest.All(mk(active))); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := m.lb.RestoreConntrack(ctEntries(1000, 1, 1, 2, time.Hour, 2)); err != nil {
@@ -108,7 +109,7 @@ func TestDrainAndDisable(t *testing.T) {
 		}
 		return c
 	}
-	slots, err := m.Upsert(ctx, mk(lbdv1.BackendState_BACKEND_STATE_DRAINING))
+	slots, err := m.Upsert(ctx, modeltest.Of(mk(lbdv1.BackendState_BACKEND_STATE_DRAINING)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +122,7 @@ func TestDrainAndDisable(t *testing.T) {
 	if _, ok, _ := m.lb.Backend(2); !ok {
 		t.Error("drained backend left the backend map: its flows would break")
 	}
-	if _, err := m.Upsert(ctx, mk(lbdv1.BackendState_BACKEND_STATE_DISABLED)); err != nil {
+	if _, err := m.Upsert(ctx, modeltest.Of(mk(lbdv1.BackendState_BACKEND_STATE_DISABLED))); err != nil {
 		t.Fatal(err)
 	}
 	if count(2) != 0 || count(1) != 500 {
@@ -186,7 +187,7 @@ func TestTwoNodesChooseTheSameBackend(t *testing.T) {
 	for range 2 {
 		n := newNode(t)
 		m := n.open(t, n.config(1<<16))
-		if _, err := m.Sync(context.Background(), []*lbdv1.Service{svc}); err != nil {
+		if _, err := m.Sync(context.Background(), modeltest.All(svc)); err != nil {
 			t.Fatal(err)
 		}
 		ms, nodes = append(ms, m), append(nodes, n)
@@ -232,7 +233,7 @@ func TestAffinityFollowsTheTable(t *testing.T) {
 		return s
 	}
 	ctx := context.Background()
-	if _, err := m.Sync(ctx, []*lbdv1.Service{mk(active)}); err != nil {
+	if _, err := m.Sync(ctx, modeltest.All(mk(active))); err != nil {
 		t.Fatal(err)
 	}
 	clients := map[uint32]netip.Addr{1: netip.MustParseAddr("198.51.100.1"), 2: netip.MustParseAddr("198.51.100.2")}
@@ -252,13 +253,13 @@ func TestAffinityFollowsTheTable(t *testing.T) {
 		}
 		return got
 	}
-	if _, err := m.Upsert(ctx, mk(lbdv1.BackendState_BACKEND_STATE_DRAINING)); err != nil {
+	if _, err := m.Upsert(ctx, modeltest.Of(mk(lbdv1.BackendState_BACKEND_STATE_DRAINING))); err != nil {
 		t.Fatal(err)
 	}
 	if got := backends(); !got[1] || got[2] {
 		t.Errorf("after draining backend 2, affinity entries point at backends %v, want only 1", got)
 	}
-	if err := m.Delete(ctx, mk(lbdv1.BackendState_BACKEND_STATE_DRAINING)); err != nil {
+	if err := m.Delete(ctx, modeltest.Of(mk(lbdv1.BackendState_BACKEND_STATE_DRAINING))); err != nil {
 		t.Fatal(err)
 	}
 	if got := backends(); len(got) != 0 {
@@ -292,7 +293,7 @@ func TestMemoryFigures(t *testing.T) {
 		service(3, "seventeen", "203.0.113.12", 80, 0, backends(12, 17)...),
 	}
 	svcs[2].Backends[16].State = lbdv1.BackendState_BACKEND_STATE_DRAINING // counted all the same
-	if _, err := m.Sync(context.Background(), svcs); err != nil {
+	if _, err := m.Sync(context.Background(), modeltest.All(svcs...)); err != nil {
 		t.Fatal(err)
 	}
 	after, err := m.MapBytes()

@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"github.com/lbd-dev/lbd/daemon/model/modeltest"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -20,7 +21,6 @@ import (
 	"github.com/lbd-dev/lbd/bpf/lbxdp"
 	"github.com/lbd-dev/lbd/internal/pktgen"
 	"github.com/lbd-dev/lbd/internal/xdpgen"
-	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 )
 
 // newFlows loads an injector of new flows from frame's source: 198.19.0.0/16 and ports
@@ -213,7 +213,7 @@ func resizeUnderFlood(t *testing.T, perSecond int) {
 	n := newNode(t)
 	m := n.open(t, n.config(oldSize))
 	svc := service(1, "web", "203.0.113.10", 80, 251, backend(1, "198.18.10.1", 8080, active), backend(2, "198.18.10.2", 8080, active))
-	if _, err := m.Sync(context.Background(), []*lbdv1.Service{svc}); err != nil {
+	if _, err := m.Sync(context.Background(), modeltest.All(svc)); err != nil {
 		t.Fatal(err)
 	}
 	// The flood fills part of the table first, then the established flows come. The
@@ -392,7 +392,7 @@ func TestInterruptedMigrationIsFinished(t *testing.T) {
 			n := newNode(t)
 			m := n.open(t, n.config(size))
 			svc := service(1, "web", "203.0.113.10", 80, 251, backend(1, "198.18.10.1", 8080, active), backend(2, "198.18.10.2", 8080, active))
-			if _, err := m.Sync(context.Background(), []*lbdv1.Service{svc}); err != nil {
+			if _, err := m.Sync(context.Background(), modeltest.All(svc)); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := m.lb.RestoreConntrack(ctEntries(20000, 1, 1, 2, time.Hour, 1)); err != nil {

@@ -4,6 +4,7 @@ package datapath
 
 import (
 	"context"
+	"github.com/lbd-dev/lbd/daemon/model/modeltest"
 	"maps"
 	"testing"
 
@@ -63,7 +64,7 @@ func TestQUICServerIDs(t *testing.T) {
 		{"quic on again", quicService(active), all},
 	}
 	for _, s := range steps {
-		if _, err := m.Upsert(ctx, s.svc); err != nil {
+		if _, err := m.Upsert(ctx, modeltest.Of(s.svc)); err != nil {
 			t.Fatalf("%s: %v", s.name, err)
 		}
 		if got := serverIDs(t, m); !maps.Equal(got, s.want) {
@@ -73,7 +74,7 @@ func TestQUICServerIDs(t *testing.T) {
 
 	m.Close()
 	m = n.open(t, n.config(1<<16))
-	if _, err := m.Sync(ctx, []*lbdv1.Service{quicService(active)}); err != nil {
+	if _, err := m.Sync(ctx, modeltest.All(quicService(active))); err != nil {
 		t.Fatal(err)
 	}
 	if w := m.MapWrites(); w != 0 {
@@ -103,7 +104,7 @@ func TestQUICServerIDs(t *testing.T) {
 		t.Errorf("after verification: server IDs %x, want %x", got, all)
 	}
 
-	if err := m.Delete(ctx, quicService(active)); err != nil {
+	if err := m.Delete(ctx, modeltest.Of(quicService(active))); err != nil {
 		t.Fatal(err)
 	}
 	if got := serverIDs(t, m); len(got) != 0 {

@@ -4,6 +4,7 @@ package datapath
 
 import (
 	"context"
+	"github.com/lbd-dev/lbd/daemon/model/modeltest"
 	"maps"
 	"slices"
 	"testing"
@@ -66,7 +67,7 @@ func TestRestartWritesNothing(t *testing.T) {
 	n := newNode(t)
 	svcs := restartServices()
 	m := n.open(t, n.config(1<<16))
-	first, err := m.Sync(ctx, svcs)
+	first, err := m.Sync(ctx, modeltest.All(svcs...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +88,7 @@ func TestRestartWritesNothing(t *testing.T) {
 	if w := m.MapWrites(); w != 0 {
 		t.Fatalf("opening the adopted datapath wrote %d entries", w)
 	}
-	again, err := m.Sync(ctx, svcs)
+	again, err := m.Sync(ctx, modeltest.All(svcs...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +116,7 @@ func TestRestartWritesNothing(t *testing.T) {
 	}
 	m.Close()
 	m = n.open(t, n.config(1<<16))
-	if _, err := m.Sync(ctx, svcs); err != nil {
+	if _, err := m.Sync(ctx, modeltest.All(svcs...)); err != nil {
 		t.Fatal(err)
 	}
 	if w, max := m.MapWrites(), uint64(lbxdp.TableElems(2039, 10))+1; w == 0 || w > max {
@@ -135,7 +136,7 @@ func TestRestartWritesNothing(t *testing.T) {
 	changed := proto.Clone(svcs[6]).(*lbdv1.Service)
 	changed.Backends[0].Weight = 2
 	before := m.MapWrites()
-	if _, err := m.Upsert(ctx, changed); err != nil {
+	if _, err := m.Upsert(ctx, modeltest.Of(changed)); err != nil {
 		t.Fatal(err)
 	}
 	w := m.MapWrites() - before

@@ -5,6 +5,7 @@ package datapath
 import (
 	"context"
 	"fmt"
+	"github.com/lbd-dev/lbd/daemon/model/modeltest"
 	"maps"
 	"os"
 	"runtime"
@@ -43,8 +44,9 @@ func newScaleNode(tb testing.TB, n int, size uint32) *scaleNode {
 	s := &scaleNode{node: newNode(tb), svcs: manyServices(n, 10, size)}
 	s.heap = heapInUse()
 	s.m = s.node.open(tb, s.node.config(1<<16))
+	typed := modeltest.All(s.svcs...)
 	start := time.Now()
-	if _, err := s.m.Sync(context.Background(), s.svcs); err != nil {
+	if _, err := s.m.Sync(context.Background(), typed); err != nil {
 		tb.Fatal(err)
 	}
 	s.took = time.Since(start)
@@ -58,9 +60,10 @@ func (s *scaleNode) restart(tb testing.TB) time.Duration {
 	if err := s.m.Close(); err != nil {
 		tb.Fatal(err)
 	}
+	typed := modeltest.All(s.svcs...)
 	start := time.Now()
 	s.m = s.node.open(tb, s.node.config(1<<16))
-	if _, err := s.m.Sync(context.Background(), s.svcs); err != nil {
+	if _, err := s.m.Sync(context.Background(), typed); err != nil {
 		tb.Fatal(err)
 	}
 	return time.Since(start)
@@ -321,12 +324,13 @@ func BenchmarkSyncFromEmpty(b *testing.B) {
 			for b.Loop() {
 				b.StopTimer()
 				svcs := manyServices(10000, 10, size)
+				typed := modeltest.All(svcs...)
 				nd := newNode(b)
 				heap := heapInUse()
 				m := nd.open(b, nd.config(1<<16))
 				cpu := cpuTime()
 				b.StartTimer()
-				if _, err := m.Sync(context.Background(), svcs); err != nil {
+				if _, err := m.Sync(context.Background(), typed); err != nil {
 					b.Fatal(err)
 				}
 				b.StopTimer()
@@ -347,7 +351,7 @@ func BenchmarkSyncFromEmpty(b *testing.B) {
 			svcs := manyServices(10000, 10, size)
 			var plans []*plan
 			for _, svc := range svcs {
-				p, err := desired(svc)
+				p, err := desired(modeltest.Of(svc))
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -392,8 +396,9 @@ func BenchmarkWeightChange(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
+				typed := modeltest.Of(got)
 				start := time.Now()
-				if _, err := s.m.Upsert(context.Background(), got); err != nil {
+				if _, err := s.m.Upsert(context.Background(), typed); err != nil {
 					b.Fatal(err)
 				}
 				lat = append(lat, time.Since(start))
@@ -416,12 +421,13 @@ func BenchmarkRestartCheck(b *testing.B) {
 		if err := s.m.Close(); err != nil {
 			b.Fatal(err)
 		}
+		typed := modeltest.All(s.svcs...)
 		c := cpuTime()
 		b.StartTimer()
 		start := time.Now()
 		s.m = s.node.open(b, s.node.config(1<<16))
 		opened := time.Now()
-		if _, err := s.m.Sync(context.Background(), s.svcs); err != nil {
+		if _, err := s.m.Sync(context.Background(), typed); err != nil {
 			b.Fatal(err)
 		}
 		b.StopTimer()

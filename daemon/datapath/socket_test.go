@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/lbd-dev/lbd/daemon/model/modeltest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -80,7 +81,7 @@ func TestSocketLBLifecycle(t *testing.T) {
 		t.Errorf("%d pinned links, want 9 (no XDP link without the lb role)", len(links))
 	}
 	// The services reach the LB maps the hooks read, and the translations list answers.
-	if _, err := m.Upsert(context.Background(), service(1, "web", "203.0.113.10", 80, 251, backend(1, "198.18.0.5", 8080, active))); err != nil {
+	if _, err := m.Upsert(context.Background(), modeltest.Of(service(1, "web", "203.0.113.10", 80, 251, backend(1, "198.18.0.5", 8080, active)))); err != nil {
 		t.Fatal(err)
 	}
 	if tab, err := m.lb.MaglevTable(1); err != nil || len(tab) != 251 {

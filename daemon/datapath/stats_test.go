@@ -5,6 +5,7 @@ package datapath
 import (
 	"context"
 	"fmt"
+	"github.com/lbd-dev/lbd/daemon/model/modeltest"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -70,7 +71,7 @@ func TestGetStats(t *testing.T) {
 		service(2, "api", "203.0.113.10", 443, 251, backend(4, "198.18.10.4", 8443, active), backend(5, "198.18.10.4", 8444, active)),
 		service(3, "dns", "203.0.113.11", 53, 251, backend(6, "198.18.10.5", 53, active)),
 	}
-	if _, err := m.Sync(context.Background(), svcs); err != nil {
+	if _, err := m.Sync(context.Background(), modeltest.All(svcs...)); err != nil {
 		t.Fatal(err)
 	}
 	setCounters(t, n, lbxdp.MapServiceStats, map[uint32]uint64{1: 100, 2: 300, 3: 200})

@@ -26,6 +26,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/lbd-dev/lbd/daemon/health"
+	"github.com/lbd-dev/lbd/daemon/model"
 	"github.com/lbd-dev/lbd/daemon/store"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -89,7 +90,7 @@ type syncer struct {
 
 // change is what the store reported about one service since the last sync.
 type change struct {
-	svc *lbdv1.Service // the service now; nil if it is gone
+	svc *model.Service // the service now; nil if it is gone
 	// deleted is set when the service was deleted at some point since the last sync, even
 	// if it was created again: the store dropped its backends' health then.
 	deleted bool
@@ -145,7 +146,7 @@ func newSyncer(st *store.Store, o Options) *syncer {
 	snap, _, unlisten := st.SnapshotAndListen(s.enqueue)
 	s.unlisten = unlisten
 	for _, svc := range snap {
-		s.pending[svc.Name] = change{svc: svc}
+		s.pending[svc.Spec.Name] = change{svc: svc}
 	}
 	s.wake <- struct{}{}
 	return s
@@ -206,7 +207,7 @@ func (s *syncer) sync() {
 		if c.svc == nil {
 			continue
 		}
-		if old != nil && !c.deleted && old.revision == c.svc.Revision {
+		if old != nil && !c.deleted && old.revision == c.svc.Spec.Revision {
 			// Same spec: a health or status change, most likely written by push.
 			continue
 		}
@@ -241,13 +242,14 @@ func (s *syncer) sync() {
 }
 
 // view derives the targets of one service.
-func (s *syncer) view(svc *lbdv1.Service) *view {
+func (s *syncer) view(ms *model.Service) *view {
+	svc := ms.Spec
 	v := &view{id: svc.Id, revision: svc.Revision, idle: map[uint32]string{}}
 	spec, err := specOf(svc.HealthCheck)
 	if err != nil {
 		v.invalid = err.Error()
 	}
-	for _, b := range svc.Backends {
+	for i, b := range svc.Backends {
 		switch {
 		case svc.HealthCheck == nil:
 			v.idle[b.Id] = "the service has no health check"
@@ -259,13 +261,7 @@ func (s *syncer) view(svc *lbdv1.Service) *view {
 			v.idle[b.Id] = "backend disabled"
 			continue
 		}
-		addr, err := netip.ParseAddr(b.Address)
-		if err != nil {
-			// The store normalizes addresses; this is not reachable with a valid store.
-			v.idle[b.Id] = fmt.Sprintf("bad backend address: %v", err)
-			continue
-		}
-		ap := netip.AddrPortFrom(addr, uint16(b.Port))
+		ap := ms.Backends[i].Addr
 		v.entries = append(v.entries, entry{
 			target: health.Target{
 				// Both IDs and the address: IDs are reused once freed, and a target

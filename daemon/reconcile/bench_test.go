@@ -46,7 +46,7 @@ func reconciled(b *testing.B) (*store.Store, func()) {
 			case ev.Type == store.Node:
 			case !ev.StatusOnly:
 				pending[ev.Name] = true
-			case ev.Service.GetStatus().GetState() == lbdv1.ServiceState_SERVICE_STATE_READY:
+			case ev.Service.Spec.GetStatus().GetState() == lbdv1.ServiceState_SERVICE_STATE_READY:
 				delete(pending, ev.Name)
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 
+	"github.com/lbd-dev/lbd/daemon/model"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"google.golang.org/protobuf/proto"
 )
@@ -23,13 +24,14 @@ type Fake struct {
 func NewFake() *Fake { return &Fake{services: map[uint32]*lbdv1.Service{}, Fail: map[string]error{}} }
 
 // Sync implements Datapath.
-func (f *Fake) Sync(_ context.Context, svcs []*lbdv1.Service) (map[string]map[uint32]uint32, error) {
+func (f *Fake) Sync(_ context.Context, svcs []*model.Service) (map[string]map[uint32]uint32, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls = append(f.calls, "sync")
 	f.services = map[uint32]*lbdv1.Service{}
 	out := map[string]map[uint32]uint32{}
-	for _, s := range svcs {
+	for _, m := range svcs {
+		s := m.Spec
 		f.services[s.Id] = proto.Clone(s).(*lbdv1.Service)
 		out[s.Name] = fakeSlots(s)
 	}
@@ -37,16 +39,18 @@ func (f *Fake) Sync(_ context.Context, svcs []*lbdv1.Service) (map[string]map[ui
 }
 
 // Apply implements Datapath: removals, then the rest, in name order within each.
-func (f *Fake) Apply(_ context.Context, deletes, upserts []*lbdv1.Service) (map[uint32]map[uint32]uint32, map[uint32]error) {
+func (f *Fake) Apply(_ context.Context, deletes, upserts []*model.Service) (map[uint32]map[uint32]uint32, map[uint32]error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	slots, errs := map[uint32]map[uint32]uint32{}, map[uint32]error{}
 	f.batches = append(f.batches, len(deletes)+len(upserts))
-	for _, s := range deletes {
+	for _, m := range deletes {
+		s := m.Spec
 		f.calls = append(f.calls, "delete "+s.Name)
 		delete(f.services, s.Id)
 	}
-	for _, s := range upserts {
+	for _, m := range upserts {
+		s := m.Spec
 		f.calls = append(f.calls, "upsert "+s.Name)
 		if err := f.Fail[s.Name]; err != nil {
 			errs[s.Id] = err

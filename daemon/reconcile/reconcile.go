@@ -14,23 +14,24 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/lbd-dev/lbd/daemon/model"
 	"github.com/lbd-dev/lbd/daemon/store"
-	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 )
 
-// Datapath programs services. Services handed to it are normalized by the store and carry
-// stable IDs (Service.id, Backend.id) and each backend's state and health.
+// Datapath programs services. Services handed to it are normalized by the store (their
+// addresses parsed) and carry stable IDs (Service.id, Backend.id) and each backend's
+// state and health.
 type Datapath interface {
 	// Sync makes the datapath hold exactly these services, removing any others (at start,
 	// when the datapath may hold state from an earlier run). It returns each service's
 	// Maglev table share per backend ID, keyed by service name.
-	Sync(ctx context.Context, services []*lbdv1.Service) (map[string]map[uint32]uint32, error)
+	Sync(ctx context.Context, services []*model.Service) (map[string]map[uint32]uint32, error)
 	// Apply removes the services of deletes (by ID) with their backends, then programs
 	// those of upserts, each replacing what the datapath holds for its ID. It returns,
 	// by service ID, the Maglev table share per backend ID of each service programmed,
 	// and the error of each change that failed; a failed change does not stop the
 	// others.
-	Apply(ctx context.Context, deletes, upserts []*lbdv1.Service) (map[uint32]map[uint32]uint32, map[uint32]error)
+	Apply(ctx context.Context, deletes, upserts []*model.Service) (map[uint32]map[uint32]uint32, map[uint32]error)
 }
 
 // Reconciler applies store changes to a Datapath.
@@ -44,7 +45,7 @@ type Reconciler struct {
 	lastSeq uint64                 // Seq of the last event enqueued
 	wake    chan struct{}
 
-	applied map[string]*lbdv1.Service // what the datapath holds, by name; run goroutine only
+	applied map[string]*model.Service // what the datapath holds, by name; run goroutine only
 	// failed holds the Seq of each service whose last change the datapath refused: IDs
 	// that change released stay held (store.Reconciled) until it is applied.
 	failed map[string]uint64
@@ -59,7 +60,7 @@ func New(st *store.Store, dp Datapath, log hclog.Logger) *Reconciler {
 		log = hclog.NewNullLogger()
 	}
 	return &Reconciler{st: st, dp: dp, log: log, pending: map[string]store.Event{}, wake: make(chan struct{}, 1),
-		applied: map[string]*lbdv1.Service{}, failed: map[string]uint64{}}
+		applied: map[string]*model.Service{}, failed: map[string]uint64{}}
 }
 
 // Run syncs the datapath with the store, then applies changes until ctx ends.
@@ -74,8 +75,8 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		return fmt.Errorf("initial datapath sync: %w", err)
 	}
 	for _, svc := range snap {
-		r.applied[svc.Name] = svc
-		r.report(svc, seq, nil, slots[svc.Name])
+		r.applied[svc.Spec.Name] = svc
+		r.report(svc, seq, nil, slots[svc.Spec.Name])
 	}
 	r.st.Reconciled(seq)
 	r.log.Info("datapath synced", "op", "reconcile", "services", len(snap))
@@ -121,10 +122,10 @@ func (r *Reconciler) apply(ctx context.Context, batch map[string]store.Event) {
 	}
 	start := time.Now()
 	names := slices.Sorted(maps.Keys(batch))
-	var deletes, upserts []*lbdv1.Service
+	var deletes, upserts []*model.Service
 	for _, name := range names {
 		ev := batch[name]
-		if old := r.applied[name]; old != nil && (ev.Type == store.Deleted || old.Id != ev.Service.Id) {
+		if old := r.applied[name]; old != nil && (ev.Type == store.Deleted || old.Spec.Id != ev.Service.Spec.Id) {
 			deletes = append(deletes, old)
 		}
 		if ev.Type != store.Deleted {
@@ -135,8 +136,8 @@ func (r *Reconciler) apply(ctx context.Context, batch map[string]store.Event) {
 	for _, name := range names {
 		ev := batch[name]
 		var err error
-		if old := r.applied[name]; old != nil && (ev.Type == store.Deleted || old.Id != ev.Service.Id) {
-			if err = errs[old.Id]; err != nil {
+		if old := r.applied[name]; old != nil && (ev.Type == store.Deleted || old.Spec.Id != ev.Service.Spec.Id) {
+			if err = errs[old.Spec.Id]; err != nil {
 				r.log.Error("datapath delete failed", "op", "reconcile", "service", name, "error", err)
 			} else {
 				delete(r.applied, name)
@@ -144,13 +145,13 @@ func (r *Reconciler) apply(ctx context.Context, batch map[string]store.Event) {
 		}
 		if ev.Type != store.Deleted {
 			if err == nil {
-				if err = errs[ev.Service.Id]; err != nil {
-					r.log.Error("datapath update failed", "op", "reconcile", "service", name, "revision", ev.Service.Revision, "error", err)
+				if err = errs[ev.Service.Spec.Id]; err != nil {
+					r.log.Error("datapath update failed", "op", "reconcile", "service", name, "revision", ev.Service.Spec.Revision, "error", err)
 				} else {
 					r.applied[name] = ev.Service
 				}
 			}
-			r.report(ev.Service, ev.Seq, err, slots[ev.Service.Id])
+			r.report(ev.Service, ev.Seq, err, slots[ev.Service.Spec.Id])
 		}
 		if err != nil {
 			r.failed[name] = ev.Seq
@@ -167,8 +168,8 @@ func (r *Reconciler) observe(start time.Time) {
 	}
 }
 
-func (r *Reconciler) report(svc *lbdv1.Service, seq uint64, err error, slots map[uint32]uint32) {
-	if rerr := r.st.ReportDatapath(svc.Name, svc.Revision, seq, err, slots); rerr != nil && rerr != store.ErrStaleRevision {
-		r.log.Warn("cannot report datapath result", "op", "reconcile", "service", svc.Name, "error", rerr)
+func (r *Reconciler) report(svc *model.Service, seq uint64, err error, slots map[uint32]uint32) {
+	if rerr := r.st.ReportDatapath(svc.Spec.Name, svc.Spec.Revision, seq, err, slots); rerr != nil && rerr != store.ErrStaleRevision {
+		r.log.Warn("cannot report datapath result", "op", "reconcile", "service", svc.Spec.Name, "error", rerr)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/lbd-dev/lbd/daemon/model"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"google.golang.org/protobuf/proto"
 )
@@ -25,7 +26,7 @@ func (s *Store) apply(owner string, svcs []*lbdv1.Service, plan bool, check Owne
 			return res, err
 		}
 	}
-	want := make([]*lbdv1.Service, 0, len(svcs))
+	want := make([]*model.Service, 0, len(svcs))
 	names := make(map[string]int, len(svcs))
 	fronts := make(map[frontendKey]int, len(svcs))
 	for i, in := range svcs {
@@ -37,11 +38,11 @@ func (s *Store) apply(owner string, svcs []*lbdv1.Service, plan bool, check Owne
 			verr.Field = fmt.Sprintf("services[%d]", i) + verr.Field[len("service"):]
 			return res, verr
 		}
-		svc.Owner = owner
-		if j, dup := names[svc.Name]; dup {
-			return res, invalid(fmt.Sprintf("services[%d].name", i), "duplicate name %q (also services[%d])", svc.Name, j)
+		svc.Spec.Owner = owner
+		if j, dup := names[svc.Spec.Name]; dup {
+			return res, invalid(fmt.Sprintf("services[%d].name", i), "duplicate name %q (also services[%d])", svc.Spec.Name, j)
 		}
-		names[svc.Name] = i
+		names[svc.Spec.Name] = i
 		fk := frontendOf(svc)
 		if j, dup := fronts[fk]; dup {
 			return res, invalid(fmt.Sprintf("services[%d].vip", i), "duplicate frontend %s (also services[%d])", fk, j)
@@ -51,53 +52,53 @@ func (s *Store) apply(owner string, svcs []*lbdv1.Service, plan bool, check Owne
 	}
 	t := s.beginAs(check)
 	for i, svc := range want {
-		if old := t.service(svc.Name); old != nil && old.Owner != owner {
+		if old := t.service(svc.Spec.Name); old != nil && old.Spec.Owner != owner {
 			t.abort()
-			return res, failedPrecondition(fmt.Sprintf("services[%d].name", i), "service %q is owned by %q, not %q", svc.Name, old.Owner, owner)
+			return res, failedPrecondition(fmt.Sprintf("services[%d].name", i), "service %q is owned by %q, not %q", svc.Spec.Name, old.Spec.Owner, owner)
 		}
-		if other, ok := t.frontend(frontendOf(svc)); ok && t.service(other).Owner != owner {
+		if other, ok := t.frontend(frontendOf(svc)); ok && t.service(other).Spec.Owner != owner {
 			t.abort()
-			return res, alreadyExists(fmt.Sprintf("services[%d].vip", i), "frontend %s is already used by service %q of owner %q", frontendOf(svc), other, t.service(other).Owner)
+			return res, alreadyExists(fmt.Sprintf("services[%d].vip", i), "frontend %s is already used by service %q of owner %q", frontendOf(svc), other, t.service(other).Spec.Owner)
 		}
 	}
 	// Deletions first, so a frontend may move from one of the owner's services to another.
 	// The transaction has changed nothing yet: the store's names are its names.
 	for _, name := range s.names {
 		old := s.services[name]
-		if _, keep := names[name]; old.Owner == owner && !keep {
+		if _, keep := names[name]; old.Spec.Owner == owner && !keep {
 			t.remove(old)
 			res.Deleted++
-			res.Changes = append(res.Changes, &lbdv1.ServiceChange{Name: name, Type: lbdv1.ServiceChangeType_SERVICE_CHANGE_TYPE_DELETED, Before: specOnly(old)})
+			res.Changes = append(res.Changes, &lbdv1.ServiceChange{Name: name, Type: lbdv1.ServiceChangeType_SERVICE_CHANGE_TYPE_DELETED, Before: specOnly(old.Spec)})
 		}
 	}
 	changed := make([]bool, len(want))
 	for i, svc := range want {
-		old := t.service(svc.Name)
+		old := t.service(svc.Spec.Name)
 		if old != nil && sameSpec(svc, old) {
 			res.Unchanged++
 			continue
 		}
 		changed[i] = true
 		if old != nil {
-			t.freeFrontend(frontendOf(old), old.Name)
+			t.freeFrontend(frontendOf(old), old.Spec.Name)
 		}
 	}
 	for i, svc := range want {
 		if !changed[i] {
 			continue
 		}
-		old := t.service(svc.Name)
-		if other, ok := t.frontend(frontendOf(svc)); ok && other != svc.Name {
+		old := t.service(svc.Spec.Name)
+		if other, ok := t.frontend(frontendOf(svc)); ok && other != svc.Spec.Name {
 			t.abort()
 			return ApplyResult{}, alreadyExists("services.vip", "frontend %s is already used by service %q", frontendOf(svc), other)
 		}
 		t.put(svc, old)
-		change := &lbdv1.ServiceChange{Name: svc.Name, Type: lbdv1.ServiceChangeType_SERVICE_CHANGE_TYPE_CREATED, After: specOnly(svc)}
+		change := &lbdv1.ServiceChange{Name: svc.Spec.Name, Type: lbdv1.ServiceChangeType_SERVICE_CHANGE_TYPE_CREATED, After: specOnly(svc.Spec)}
 		if old == nil {
 			res.Created++
 		} else {
 			res.Updated++
-			change.Type, change.Before = lbdv1.ServiceChangeType_SERVICE_CHANGE_TYPE_UPDATED, specOnly(old)
+			change.Type, change.Before = lbdv1.ServiceChangeType_SERVICE_CHANGE_TYPE_UPDATED, specOnly(old.Spec)
 		}
 		res.Changes = append(res.Changes, change)
 	}

@@ -6,85 +6,92 @@ import (
 	"strings"
 
 	"github.com/lbd-dev/lbd/daemon/maglev"
+	"github.com/lbd-dev/lbd/daemon/model"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"google.golang.org/protobuf/proto"
 )
 
-// editBackends runs edit on a copy of a service's backends and stores the result.
-func (s *Store) editBackends(serviceName string, check OwnerCheck, edit func(svc *lbdv1.Service) error) (*lbdv1.Service, error) {
+// editBackends runs edit on a copy of a service (its message and addresses) and stores
+// the result. It returns the service as stored, with its status.
+func (s *Store) editBackends(serviceName string, check OwnerCheck, edit func(svc *model.Service) error) (*model.Service, error) {
 	t := s.beginAs(check)
 	old := t.service(serviceName)
 	if old == nil {
 		t.abort()
 		return nil, notFound("service %q not found", serviceName)
 	}
-	svc := proto.Clone(old).(*lbdv1.Service)
+	svc := old.WithSpec(proto.Clone(old.Spec).(*lbdv1.Service))
+	svc.Backends = slices.Clone(old.Backends)
 	if err := edit(svc); err != nil {
 		t.abort()
 		return nil, err
 	}
-	if len(svc.Backends) > s.opts.Limits.MaxBackendsPerService {
+	spec := svc.Spec
+	if len(spec.Backends) > s.opts.Limits.MaxBackendsPerService {
 		t.abort()
-		return nil, failedPrecondition("backend", "service %q would have %d backends, over the limit of %d", serviceName, len(svc.Backends), s.opts.Limits.MaxBackendsPerService)
+		return nil, failedPrecondition("backend", "service %q would have %d backends, over the limit of %d", serviceName, len(spec.Backends), s.opts.Limits.MaxBackendsPerService)
 	}
-	if _, j, dup := duplicateQUICServerID(svc.Backends); dup {
+	if _, j, dup := duplicateQUICServerID(spec.Backends); dup {
 		t.abort()
-		return nil, invalid("backend.quic_server_id", "%x is already the server ID of another backend of service %q", svc.Backends[j].QuicServerId, serviceName)
+		return nil, invalid("backend.quic_server_id", "%x is already the server ID of another backend of service %q", spec.Backends[j].QuicServerId, serviceName)
 	}
 	var weights uint32
-	for _, b := range svc.Backends {
+	for _, b := range spec.Backends {
 		weights += b.Weight
 	}
-	if m := maglev.TableSize(svc.MaglevTableSize, len(svc.Backends), uint64(weights)); weights > m {
+	if m := maglev.TableSize(spec.MaglevTableSize, len(spec.Backends), uint64(weights)); weights > m {
 		t.abort()
 		return nil, invalid("backend.weight", "weights would add up to %d, more than the Maglev table size %d", weights, m)
 	}
-	sortBackends(svc.Backends)
+	sortBackends(svc)
 	if sameSpec(svc, old) {
 		t.abort()
-		return s.GetService(serviceName)
+		return s.typedService(serviceName)
 	}
 	t.put(svc, old)
 	if err := t.commit(); err != nil {
 		return nil, err
 	}
-	return s.committed(svc), nil
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.typedWithStatus(svc), nil
 }
 
-func findBackend(svc *lbdv1.Service, k netip.AddrPort) int {
-	return slices.IndexFunc(svc.Backends, func(b *lbdv1.Backend) bool { return backendKey(b) == k })
+// typedService is the service named name with its status and addresses.
+func (s *Store) typedService(name string) (*model.Service, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	svc, ok := s.services[name]
+	if !ok {
+		return nil, notFound("service %q not found", name)
+	}
+	return s.typedWithStatus(svc), nil
 }
 
-func parseBackendRef(address string, port uint32) (netip.AddrPort, error) {
-	a, err := netip.ParseAddr(address)
-	if err != nil {
-		return netip.AddrPort{}, invalid("address", "%q is not an IP address", address)
-	}
-	if port > 65535 {
-		return netip.AddrPort{}, invalid("port", "%d is not a port (0-65535)", port)
-	}
-	return netip.AddrPortFrom(a.WithZone(""), uint16(port)), nil
+func findBackend(svc *model.Service, k netip.AddrPort) int {
+	return slices.IndexFunc(svc.Backends, func(b model.Backend) bool { return b.Addr == k })
 }
 
 // createBackend adds a backend to a service.
 func (s *Store) createBackend(serviceName string, in *lbdv1.Backend, check OwnerCheck) (*lbdv1.Backend, error) {
 	var key netip.AddrPort
-	svc, err := s.editBackends(serviceName, check, func(svc *lbdv1.Service) error {
-		b, verr := normalizeBackend("backend", in, netip.MustParseAddr(svc.Vip), svc)
+	svc, err := s.editBackends(serviceName, check, func(svc *model.Service) error {
+		b, addrs, verr := normalizeBackend("backend", in, svc.VIP, svc.Spec)
 		if verr != nil {
 			return verr
 		}
-		key = backendKey(b)
+		key = addrs.Addr
 		if findBackend(svc, key) >= 0 {
 			return alreadyExists("backend.address", "backend %s already exists in service %q", key, serviceName)
 		}
-		svc.Backends = append(svc.Backends, b)
+		svc.Spec.Backends = append(svc.Spec.Backends, b)
+		svc.Backends = append(svc.Backends, addrs)
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	return svc.Backends[findBackend(svc, key)], nil
+	return svc.Spec.Backends[findBackend(svc, key)], nil
 }
 
 // GetBackend returns one backend of a service.
@@ -93,7 +100,7 @@ func (s *Store) GetBackend(serviceName, address string, port uint32) (*lbdv1.Bac
 	if err != nil {
 		return nil, err
 	}
-	svc, err := s.GetService(serviceName)
+	svc, err := s.typedService(serviceName)
 	if err != nil {
 		return nil, err
 	}
@@ -101,7 +108,7 @@ func (s *Store) GetBackend(serviceName, address string, port uint32) (*lbdv1.Bac
 	if i < 0 {
 		return nil, notFound("backend %s not found in service %q", key, serviceName)
 	}
-	return svc.Backends[i], nil
+	return svc.Spec.Backends[i], nil
 }
 
 // UpdateBackend replaces a backend's node address, weight and state.
@@ -140,18 +147,18 @@ func (s *Store) updateBackendFields(serviceName string, in *lbdv1.Backend, u Bac
 	if err != nil {
 		return nil, err
 	}
-	svc, err := s.editBackends(serviceName, check, func(svc *lbdv1.Service) error {
+	svc, err := s.editBackends(serviceName, check, func(svc *model.Service) error {
 		i := findBackend(svc, key)
 		if i < 0 {
 			return notFound("backend %s not found in service %q", key, serviceName)
 		}
-		if st := svc.Backends[i].State; len(u.FromStates) > 0 && !slices.Contains(u.FromStates, st) {
+		if st := svc.Spec.Backends[i].State; len(u.FromStates) > 0 && !slices.Contains(u.FromStates, st) {
 			return failedPrecondition("only_from_states", "backend %s of service %q is %s, not one of %v", key, serviceName, st, u.FromStates)
 		}
 		merged := in
 		if len(fields) > 0 {
 			// Only the named fields come from in; the rest stay as stored.
-			merged = proto.Clone(svc.Backends[i]).(*lbdv1.Backend)
+			merged = proto.Clone(svc.Spec.Backends[i]).(*lbdv1.Backend)
 			for _, f := range fields {
 				switch f {
 				case "node_address":
@@ -165,17 +172,17 @@ func (s *Store) updateBackendFields(serviceName string, in *lbdv1.Backend, u Bac
 				}
 			}
 		}
-		b, verr := normalizeBackend("backend", merged, netip.MustParseAddr(svc.Vip), svc)
+		b, addrs, verr := normalizeBackend("backend", merged, svc.VIP, svc.Spec)
 		if verr != nil {
 			return verr
 		}
-		svc.Backends[i] = b
+		svc.Spec.Backends[i], svc.Backends[i] = b, addrs
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	return svc.Backends[findBackend(svc, key)], nil
+	return svc.Spec.Backends[findBackend(svc, key)], nil
 }
 
 // updatableBackendFields are the fields UpdateBackend may be asked to replace alone.
@@ -187,11 +194,12 @@ func (s *Store) deleteBackend(serviceName, address string, port uint32, check Ow
 	if err != nil {
 		return err
 	}
-	_, err = s.editBackends(serviceName, check, func(svc *lbdv1.Service) error {
+	_, err = s.editBackends(serviceName, check, func(svc *model.Service) error {
 		i := findBackend(svc, key)
 		if i < 0 {
 			return notFound("backend %s not found in service %q", key, serviceName)
 		}
+		svc.Spec.Backends = slices.Delete(svc.Spec.Backends, i, i+1)
 		svc.Backends = slices.Delete(svc.Backends, i, i+1)
 		return nil
 	})

@@ -87,7 +87,7 @@ func TestJournalReplaysAfterCrash(t *testing.T) {
 	if !r.Drained() {
 		t.Error("drain flag lost")
 	}
-	if p := r.BgpPeersWithSecrets(); len(p) != 1 || p[0].Address != "198.18.0.254" || p[0].Password != "pw" {
+	if p := r.BgpPeers(true); len(p) != 1 || p[0].Spec.Address != "198.18.0.254" || p[0].Spec.Password != "pw" {
 		t.Errorf("peers after replay: %v", p)
 	}
 	// IDs continue from the replayed state: the deleted service's ID comes back first.

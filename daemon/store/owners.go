@@ -40,12 +40,12 @@ func (t *txn) checkOwners() error {
 	}
 	for _, name := range slices.Sorted(maps.Keys(t.svcs)) {
 		if old := t.s.services[name]; old != nil {
-			if err := t.check(name, old.Owner); err != nil {
+			if err := t.check(name, old.Spec.Owner); err != nil {
 				return err
 			}
 		}
 		if svc := t.svcs[name]; svc != nil {
-			if err := t.check(name, svc.Owner); err != nil {
+			if err := t.check(name, svc.Spec.Owner); err != nil {
 				return err
 			}
 		}

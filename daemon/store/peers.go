@@ -1,21 +1,23 @@
 package store
 
 import (
+	"maps"
 	"net/netip"
 	"slices"
 
+	"github.com/lbd-dev/lbd/daemon/model"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"google.golang.org/protobuf/proto"
 )
 
 // CreateBgpPeer adds a BGP peer.
 func (s *Store) CreateBgpPeer(in *lbdv1.BgpPeer) (*lbdv1.BgpPeer, error) {
-	p, verr := normalizePeer(in)
+	p, addr, verr := normalizePeer(in)
 	if verr != nil {
 		return nil, verr
 	}
 	t := s.begin()
-	if _, ok := t.peers[p.Address]; ok {
+	if _, ok := t.peers[addr]; ok {
 		t.abort()
 		return nil, alreadyExists("peer.address", "peer %s already exists", p.Address)
 	}
@@ -23,7 +25,7 @@ func (s *Store) CreateBgpPeer(in *lbdv1.BgpPeer) (*lbdv1.BgpPeer, error) {
 		t.abort()
 		return nil, failedPrecondition("", "the limit of %d BGP peers is reached", s.opts.Limits.MaxBgpPeers)
 	}
-	t.peers[p.Address] = p
+	t.peers[addr] = p
 	t.events = append(t.events, Event{Type: Node})
 	if err := t.commit(); err != nil {
 		return nil, err
@@ -33,16 +35,16 @@ func (s *Store) CreateBgpPeer(in *lbdv1.BgpPeer) (*lbdv1.BgpPeer, error) {
 
 // UpdateBgpPeer replaces a peer's configuration.
 func (s *Store) UpdateBgpPeer(in *lbdv1.BgpPeer) (*lbdv1.BgpPeer, error) {
-	p, verr := normalizePeer(in)
+	p, addr, verr := normalizePeer(in)
 	if verr != nil {
 		return nil, verr
 	}
 	t := s.begin()
-	if _, ok := t.peers[p.Address]; !ok {
+	if _, ok := t.peers[addr]; !ok {
 		t.abort()
 		return nil, notFound("peer %s not found", p.Address)
 	}
-	t.peers[p.Address] = p
+	t.peers[addr] = p
 	t.events = append(t.events, Event{Type: Node})
 	if err := t.commit(); err != nil {
 		return nil, err
@@ -52,29 +54,29 @@ func (s *Store) UpdateBgpPeer(in *lbdv1.BgpPeer) (*lbdv1.BgpPeer, error) {
 
 // DeleteBgpPeer removes a peer.
 func (s *Store) DeleteBgpPeer(address string) error {
-	a, err := netip.ParseAddr(address)
+	a, err := parsePeerRef(address)
 	if err != nil {
-		return invalid("address", "%q is not an IP address", address)
+		return err
 	}
 	t := s.begin()
-	if _, ok := t.peers[a.Unmap().String()]; !ok {
+	if _, ok := t.peers[a]; !ok {
 		t.abort()
 		return notFound("peer %s not found", address)
 	}
-	delete(t.peers, a.Unmap().String())
+	delete(t.peers, a)
 	t.events = append(t.events, Event{Type: Node})
 	return t.commit()
 }
 
 // GetBgpPeer returns one peer, without its password.
 func (s *Store) GetBgpPeer(address string) (*lbdv1.BgpPeer, error) {
-	a, err := netip.ParseAddr(address)
+	a, err := parsePeerRef(address)
 	if err != nil {
-		return nil, invalid("address", "%q is not an IP address", address)
+		return nil, err
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	p, ok := s.peers[a.Unmap().String()]
+	p, ok := s.peers[a]
 	if !ok {
 		return nil, notFound("peer %s not found", address)
 	}
@@ -86,22 +88,24 @@ func (s *Store) ListBgpPeers() []*lbdv1.BgpPeer {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	out := make([]*lbdv1.BgpPeer, 0, len(s.peers))
-	for _, p := range s.peers {
-		out = append(out, publicPeer(p))
+	for _, a := range slices.SortedFunc(maps.Keys(s.peers), netip.Addr.Compare) {
+		out = append(out, publicPeer(s.peers[a]))
 	}
-	slices.SortFunc(out, func(a, b *lbdv1.BgpPeer) int {
-		return netip.MustParseAddr(a.Address).Compare(netip.MustParseAddr(b.Address))
-	})
 	return out
 }
 
-// BgpPeersWithSecrets returns all peers including passwords, for the BGP speaker.
-func (s *Store) BgpPeersWithSecrets() []*lbdv1.BgpPeer {
+// BgpPeers returns all peers sorted by address, with their addresses parsed, and
+// with their passwords only if withSecrets (for the BGP speaker).
+func (s *Store) BgpPeers(withSecrets bool) []model.Peer {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	out := make([]*lbdv1.BgpPeer, 0, len(s.peers))
-	for _, p := range s.peers {
-		out = append(out, proto.Clone(p).(*lbdv1.BgpPeer))
+	out := make([]model.Peer, 0, len(s.peers))
+	for _, a := range slices.SortedFunc(maps.Keys(s.peers), netip.Addr.Compare) {
+		p := proto.Clone(s.peers[a]).(*lbdv1.BgpPeer)
+		if !withSecrets {
+			p.Password = ""
+		}
+		out = append(out, model.Peer{Spec: p, Addr: a})
 	}
 	return out
 }

@@ -3,6 +3,7 @@ package store
 import (
 	"slices"
 
+	"github.com/lbd-dev/lbd/daemon/model"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 )
 
@@ -13,9 +14,9 @@ func (s *Store) createService(in *lbdv1.Service, check OwnerCheck) (*lbdv1.Servi
 		return nil, verr
 	}
 	t := s.beginAs(check)
-	if t.service(svc.Name) != nil {
+	if t.service(svc.Spec.Name) != nil {
 		t.abort()
-		return nil, alreadyExists("service.name", "service %q already exists", svc.Name)
+		return nil, alreadyExists("service.name", "service %q already exists", svc.Spec.Name)
 	}
 	if err := t.checkFrontend(svc); err != nil {
 		t.abort()
@@ -35,7 +36,7 @@ func (s *Store) createService(in *lbdv1.Service, check OwnerCheck) (*lbdv1.Servi
 // committed returns a copy of svc, which a transaction of the caller has just stored,
 // with its status: what the call stored, even if another call has changed or removed
 // the service since (reading it again by name could then miss what the call changed).
-func (s *Store) committed(svc *lbdv1.Service) *lbdv1.Service {
+func (s *Store) committed(svc *model.Service) *lbdv1.Service {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return s.withStatus(svc)
@@ -58,7 +59,7 @@ func (s *Store) ListServices(owner string) []*lbdv1.Service {
 	defer s.mu.RUnlock()
 	out := make([]*lbdv1.Service, 0, len(s.services))
 	for _, name := range s.names {
-		if svc := s.services[name]; owner == "" || svc.Owner == owner {
+		if svc := s.services[name]; owner == "" || svc.Spec.Owner == owner {
 			out = append(out, s.withStatus(svc))
 		}
 	}
@@ -82,7 +83,7 @@ func (s *Store) ListServicesPage(owner, after string, limit int) ([]*lbdv1.Servi
 	out := make([]*lbdv1.Service, 0, n)
 	for ; i < len(s.names); i++ {
 		svc := s.services[s.names[i]]
-		if owner != "" && svc.Owner != owner {
+		if owner != "" && svc.Spec.Owner != owner {
 			continue
 		}
 		if len(out) == limit {
@@ -101,18 +102,19 @@ func (s *Store) updateService(in *lbdv1.Service, expectedRevision uint64, check 
 		return nil, verr
 	}
 	t := s.beginAs(check)
-	old := t.service(svc.Name)
+	name := svc.Spec.Name
+	old := t.service(name)
 	ok := old != nil
 	switch {
 	case !ok:
 		t.abort()
-		return nil, notFound("service %q not found", svc.Name)
-	case expectedRevision != 0 && expectedRevision != old.Revision:
+		return nil, notFound("service %q not found", name)
+	case expectedRevision != 0 && expectedRevision != old.Spec.Revision:
 		t.abort()
-		return nil, failedPrecondition("expected_revision", "service %q is at revision %d, not %d: it changed since it was read", svc.Name, old.Revision, expectedRevision)
-	case svc.Owner != old.Owner:
+		return nil, failedPrecondition("expected_revision", "service %q is at revision %d, not %d: it changed since it was read", name, old.Spec.Revision, expectedRevision)
+	case svc.Spec.Owner != old.Spec.Owner:
 		t.abort()
-		return nil, failedPrecondition("service.owner", "service %q is owned by %q; the owner cannot be changed to %q", svc.Name, old.Owner, svc.Owner)
+		return nil, failedPrecondition("service.owner", "service %q is owned by %q; the owner cannot be changed to %q", name, old.Spec.Owner, svc.Spec.Owner)
 	}
 	if err := t.checkFrontend(svc); err != nil {
 		t.abort()
@@ -120,7 +122,7 @@ func (s *Store) updateService(in *lbdv1.Service, expectedRevision uint64, check 
 	}
 	if sameSpec(svc, old) {
 		t.abort()
-		return s.GetService(svc.Name)
+		return s.GetService(name)
 	}
 	t.put(svc, old)
 	if err := t.commit(); err != nil {

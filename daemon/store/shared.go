@@ -5,9 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net/netip"
 	"slices"
 
+	"github.com/lbd-dev/lbd/daemon/model"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"google.golang.org/protobuf/proto"
 )
@@ -70,7 +70,7 @@ func (t *txn) sharedChange() (puts []*lbdv1.Service, deletes []string) {
 	for _, name := range slices.Sorted(maps.Keys(t.svcs)) {
 		switch svc := t.svcs[name]; {
 		case svc != nil:
-			puts = append(puts, svc)
+			puts = append(puts, svc.Spec)
 		case t.s.services[name] != nil:
 			deletes = append(deletes, name)
 		}
@@ -92,14 +92,14 @@ func (s *Store) ApplyShared(full bool, puts []*lbdv1.Service, deletes []string, 
 		return nil
 	}
 	t.shared = true
-	in := make(map[string]*lbdv1.Service, len(puts))
+	in := make(map[string]*model.Service, len(puts))
 	for _, p := range puts {
 		svc, err := sharedService(p, s.opts.Limits)
 		if err != nil {
 			s.log.Error("a service of the fleet is invalid here; left out", "op", "fleet", "service", p.GetName(), "error", err)
 			continue
 		}
-		in[svc.Name] = svc
+		in[svc.Spec.Name] = svc
 	}
 	gone := slices.Clone(deletes)
 	if full {
@@ -116,7 +116,7 @@ func (s *Store) ApplyShared(full bool, puts []*lbdv1.Service, deletes []string, 
 	}
 	for _, name := range slices.Sorted(maps.Keys(in)) {
 		svc, old := in[name], t.service(name)
-		if old != nil && sameSpec(svc, old) && sameIDs(svc, old) && svc.Revision == old.Revision {
+		if old != nil && sameSpec(svc, old) && sameIDs(svc.Spec, old.Spec) && svc.Spec.Revision == old.Spec.Revision {
 			continue
 		}
 		t.putShared(svc, old)
@@ -137,7 +137,7 @@ func (s *Store) SharedIDsHeld(svcs []*lbdv1.Service) bool {
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
 	for _, svc := range svcs {
-		if old := s.services[svc.Name]; old != nil && old.Id == svc.Id {
+		if old := s.services[svc.Name]; old != nil && old.Spec.Id == svc.Id {
 			continue // its own ID, not a reuse
 		}
 		if s.svcIDs.isHeld(svc.Id) {
@@ -147,7 +147,7 @@ func (s *Store) SharedIDsHeld(svcs []*lbdv1.Service) bool {
 	for _, svc := range svcs {
 		own := map[uint32]bool{}
 		if old := s.services[svc.Name]; old != nil {
-			for _, b := range old.Backends {
+			for _, b := range old.Spec.Backends {
 				own[b.Id] = true
 			}
 		}
@@ -161,15 +161,16 @@ func (s *Store) SharedIDsHeld(svcs []*lbdv1.Service) bool {
 }
 
 // putShared stores a service as the shared store holds it, IDs included.
-func (t *txn) putShared(svc, old *lbdv1.Service) {
+func (t *txn) putShared(svc, old *model.Service) {
 	typ := Added
 	if old != nil {
-		t.freeFrontend(frontendOf(old), old.Name)
+		t.freeFrontend(frontendOf(old), old.Spec.Name)
 		typ = Modified
 	}
-	t.setService(svc.Name, svc)
-	t.fronts[frontendOf(svc)] = svc.Name
-	t.events = append(t.events, Event{Type: typ, Name: svc.Name, Service: svc})
+	name := svc.Spec.Name
+	t.setService(name, svc)
+	t.fronts[frontendOf(svc)] = name
+	t.events = append(t.events, Event{Type: typ, Name: name, Service: svc})
 }
 
 // sameIDs reports whether two services with the same backends have the same IDs.
@@ -187,26 +188,17 @@ func sameIDs(a, b *lbdv1.Service) bool {
 
 // sharedService checks a service of the shared store as strictly as API input and
 // keeps its IDs and revision.
-func sharedService(in *lbdv1.Service, lim Limits) (*lbdv1.Service, error) {
-	svc, verr := normalizeService(in, lim)
+func sharedService(in *lbdv1.Service, lim Limits) (*model.Service, error) {
+	svc, verr := normalizeStored(in, lim)
 	if verr != nil {
 		return nil, verr
 	}
-	if in.Id == 0 {
+	if svc.Spec.Id == 0 {
 		return nil, errors.New("no id")
 	}
-	svc.Id, svc.Revision = in.Id, in.Revision
-	ids := map[netip.AddrPort]uint32{}
-	for _, b := range in.Backends {
-		a, err := netip.ParseAddr(b.Address)
-		if err != nil {
-			return nil, fmt.Errorf("backend %q: %w", b.Address, err)
-		}
-		ids[netip.AddrPortFrom(a, uint16(b.Port))] = b.Id
-	}
-	for _, b := range svc.Backends {
-		if b.Id = ids[backendKey(b)]; b.Id == 0 {
-			return nil, fmt.Errorf("backend %s: no id", backendKey(b))
+	for i, b := range svc.Spec.Backends {
+		if b.Id == 0 {
+			return nil, fmt.Errorf("backend %s: no id", svc.Backends[i].Addr)
 		}
 	}
 	return svc, nil
@@ -218,8 +210,8 @@ func sharedService(in *lbdv1.Service, lim Limits) (*lbdv1.Service, error) {
 func (s *Store) rebuildIDs(seq uint64) {
 	var svcIDs, beIDs []uint32
 	for _, svc := range s.services {
-		svcIDs = append(svcIDs, svc.Id)
-		for _, b := range svc.Backends {
+		svcIDs = append(svcIDs, svc.Spec.Id)
+		for _, b := range svc.Spec.Backends {
 			beIDs = append(beIDs, b.Id)
 		}
 	}

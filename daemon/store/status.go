@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/lbd-dev/lbd/daemon/model"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
@@ -22,16 +23,23 @@ func usable(state lbdv1.BackendState, h *lbdv1.BackendHealth, reach lbdv1.Reacha
 		reach != lbdv1.Reachability_REACHABILITY_UNREACHABLE
 }
 
-// withStatus returns a copy of svc with its output-only fields filled. Caller holds mu.
-func (s *Store) withStatus(svc *lbdv1.Service) *lbdv1.Service {
-	return s.addStatus(proto.Clone(svc).(*lbdv1.Service), svc)
+// withStatus returns a copy of svc's message with its output-only fields filled. Caller
+// holds mu.
+func (s *Store) withStatus(svc *model.Service) *lbdv1.Service {
+	return s.addStatus(proto.Clone(svc.Spec).(*lbdv1.Service), svc)
 }
 
-// addStatus fills the output-only fields of out, a copy of svc (whole, or with the
-// fields statusView keeps), and returns it. Caller holds mu.
-func (s *Store) addStatus(out, svc *lbdv1.Service) *lbdv1.Service {
-	rt := s.status[svc.Name]
-	t := s.tally(out, rt, func(i int, h *lbdv1.BackendHealth, reach lbdv1.Reachability) {
+// typedWithStatus is withStatus with the service's addresses, for listeners. Caller
+// holds mu.
+func (s *Store) typedWithStatus(svc *model.Service) *model.Service {
+	return svc.WithSpec(s.withStatus(svc))
+}
+
+// addStatus fills the output-only fields of out, a copy of svc's message, and returns
+// it. Caller holds mu.
+func (s *Store) addStatus(out *lbdv1.Service, svc *model.Service) *lbdv1.Service {
+	rt := s.status[svc.Spec.Name]
+	t := s.tally(svc, rt, func(i int, h *lbdv1.BackendHealth, reach lbdv1.Reachability) {
 		b := out.Backends[i]
 		if h != nil {
 			b.Health = proto.Clone(h).(*lbdv1.BackendHealth)
@@ -48,7 +56,7 @@ func (s *Store) addStatus(out, svc *lbdv1.Service) *lbdv1.Service {
 	if rt != nil && rt.hasAdvertise {
 		st.Advertised, st.AdvertiseReason = rt.advertised, rt.advertiseReason
 	}
-	st.State, st.Reason = s.state(svc, rt, t, true)
+	st.State, st.Reason = s.state(svc.Spec, rt, t, true)
 	if rt != nil && !rt.updated.IsZero() {
 		st.UpdateTime = timestamppb.New(rt.updated)
 	}
@@ -64,15 +72,15 @@ type tally struct {
 
 // tally counts svc's backends, and calls each (if not nil) with each one's index,
 // health (nil if unknown) and node reachability. Caller holds mu.
-func (s *Store) tally(svc *lbdv1.Service, rt *serviceRuntime, each func(i int, h *lbdv1.BackendHealth, reach lbdv1.Reachability)) tally {
+func (s *Store) tally(svc *model.Service, rt *serviceRuntime, each func(i int, h *lbdv1.BackendHealth, reach lbdv1.Reachability)) tally {
 	t := tally{backends: len(svc.Backends)}
-	for i, b := range svc.Backends {
+	for i, b := range svc.Spec.Backends {
 		var h *lbdv1.BackendHealth
 		if rt != nil {
 			h = rt.health[b.Id]
 		}
 		reach := lbdv1.Reachability_REACHABILITY_UNSPECIFIED
-		r, known := s.nodeReach(b)
+		r, known := s.nodeReach(svc.Backends[i].Node)
 		if known {
 			reach = lbdv1.Reachability_REACHABILITY_REACHABLE
 			if !r.Reachable {
@@ -162,7 +170,7 @@ func (s *Store) editRuntime(name string, edit func(svc *lbdv1.Service, rt *servi
 		s.mu.Unlock()
 		return notFound("service %q not found", name)
 	}
-	changed, statusOnly, err := edit(svc, s.runtime(name))
+	changed, statusOnly, err := edit(svc.Spec, s.runtime(name))
 	if err != nil || !changed {
 		s.mu.Unlock()
 		return err
@@ -173,7 +181,7 @@ func (s *Store) editRuntime(name string, edit func(svc *lbdv1.Service, rt *servi
 	if !statusOnly {
 		rt.wantSeq = s.seq
 	}
-	ev := Event{Type: Modified, Name: name, Service: s.withStatus(svc), StatusOnly: statusOnly, Seq: s.seq}
+	ev := Event{Type: Modified, Name: name, Service: s.typedWithStatus(svc), StatusOnly: statusOnly, Seq: s.seq}
 	s.mu.Unlock()
 	s.notify([]Event{ev})
 	return nil
@@ -235,15 +243,11 @@ type NodeReach struct {
 }
 
 // nodeReach is what is known of a backend's node. Caller holds mu.
-func (s *Store) nodeReach(b *lbdv1.Backend) (NodeReach, bool) {
+func (s *Store) nodeReach(node netip.Addr) (NodeReach, bool) {
 	if len(s.nodes) == 0 {
 		return NodeReach{}, false
 	}
-	a, ok := nodeOf(b)
-	if !ok {
-		return NodeReach{}, false
-	}
-	r, ok := s.nodes[a]
+	r, ok := s.nodes[node]
 	return r, ok
 }
 
@@ -300,33 +304,25 @@ func (s *Store) SetNodeReachability(nodes map[netip.Addr]NodeReach) {
 		if usability[name] {
 			rt.wantSeq = s.seq
 		}
-		events = append(events, Event{Type: Modified, Name: name, Service: s.withStatus(s.services[name]), StatusOnly: !usability[name], Seq: s.seq})
+		events = append(events, Event{Type: Modified, Name: name, Service: s.typedWithStatus(s.services[name]), StatusOnly: !usability[name], Seq: s.seq})
 	}
 	s.mu.Unlock()
 	s.notify(events)
 }
 
-// nodeOf is the address of a backend's node, as the next-hop tracker keys it.
-func nodeOf(b *lbdv1.Backend) (netip.Addr, bool) {
-	a, err := netip.ParseAddr(b.NodeAddress)
-	return a.Unmap(), err == nil
-}
-
 // indexNodes adds (n = 1) or removes (n = -1) the backends of svc in the index of the
-// services behind each node. Caller holds mu.
-func (s *Store) indexNodes(svc *lbdv1.Service, n int) {
+// services behind each node (keyed as the next-hop tracker keys them). Caller holds mu.
+func (s *Store) indexNodes(svc *model.Service, n int) {
+	name := svc.Spec.Name
 	for _, b := range svc.Backends {
-		a, ok := nodeOf(b)
-		if !ok {
-			continue
-		}
+		a := b.Node
 		names := s.byNode[a]
 		if names == nil {
 			names = map[string]int{}
 			s.byNode[a] = names
 		}
-		if names[svc.Name] += n; names[svc.Name] <= 0 {
-			delete(names, svc.Name)
+		if names[name] += n; names[name] <= 0 {
+			delete(names, name)
 			if len(names) == 0 {
 				delete(s.byNode, a)
 			}

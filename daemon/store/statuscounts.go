@@ -35,9 +35,9 @@ func (s *Store) StatusCounts(backendsOf func(name string) bool) []StatusCounts {
 	defer s.mu.RUnlock()
 	out := make([]StatusCounts, 0, len(s.services))
 	for _, svc := range s.services {
-		rt := s.status[svc.Name]
-		c := StatusCounts{Name: svc.Name}
-		list := backendsOf != nil && backendsOf(svc.Name)
+		rt := s.status[svc.Spec.Name]
+		c := StatusCounts{Name: svc.Spec.Name}
+		list := backendsOf != nil && backendsOf(svc.Spec.Name)
 		if list {
 			c.Backends = make([]BackendHealth, len(svc.Backends))
 		}
@@ -52,12 +52,12 @@ func (s *Store) StatusCounts(backendsOf func(name string) bool) []StatusCounts {
 				c.Unknown++
 			}
 			if list {
-				b := svc.Backends[i]
+				b := svc.Spec.Backends[i]
 				c.Backends[i] = BackendHealth{Address: b.Address, Port: b.Port, Health: state}
 			}
 		})
 		c.Usable = t.usable
-		c.State, _ = s.state(svc, rt, t, false)
+		c.State, _ = s.state(svc.Spec, rt, t, false)
 		c.Advertised = rt != nil && rt.hasAdvertise && rt.advertised
 		out = append(out, c)
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/lbd-dev/lbd/daemon/lock"
+	"github.com/lbd-dev/lbd/daemon/model"
 	statev1 "github.com/lbd-dev/lbd/proto/lbd/state/v1"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 )
@@ -41,9 +42,9 @@ const (
 type Event struct {
 	Type EventType
 	Name string
-	// Service is the service after the change, or before it for Deleted. Listeners must
-	// not modify it.
-	Service *lbdv1.Service
+	// Service is the service after the change, or before it for Deleted, with its
+	// addresses parsed. Listeners must not modify it.
+	Service *model.Service
 	// StatusOnly is set when only the datapath's own report changed the service (its
 	// output-only status): the reconciler ignores those. Health changes are not
 	// StatusOnly, since they change which backends take new flows.
@@ -108,11 +109,11 @@ type Store struct {
 	disk *disk // nil for a store in memory
 
 	mu       sync.RWMutex // guards the published state below
-	services map[string]*lbdv1.Service
+	services map[string]*model.Service
 	// names are the services' names in order: lists and pages walk it.
 	names     []string
 	frontends map[frontendKey]string
-	peers     map[string]*lbdv1.BgpPeer
+	peers     map[netip.Addr]*lbdv1.BgpPeer // by address
 	drained   bool
 	// backends counts the backends of all services, and tableBytes the kernel memory of
 	// their tables as MemoryBudget.TableBytes gives it (once tableBytesKnown), so that
@@ -161,9 +162,9 @@ func Open(opts Options) (*Store, error) {
 	s := &Store{
 		opts:      opts,
 		log:       opts.Logger,
-		services:  map[string]*lbdv1.Service{},
+		services:  map[string]*model.Service{},
 		frontends: map[frontendKey]string{},
-		peers:     map[string]*lbdv1.BgpPeer{},
+		peers:     map[netip.Addr]*lbdv1.BgpPeer{},
 		byNode:    map[netip.Addr]map[string]int{},
 		status:    map[string]*serviceRuntime{},
 		listeners: map[int]Listener{},
@@ -241,56 +242,46 @@ func (s *Store) restore(st *statev1.State) error {
 	var svcIDs, beIDs []uint32
 	seenSvc, seenBe := map[uint32]bool{}, map[uint32]bool{}
 	for i, in := range st.Services {
-		svc, verr := normalizeService(in, s.opts.Limits)
+		svc, verr := normalizeStored(in, s.opts.Limits)
 		if verr != nil {
 			return fmt.Errorf("services[%d]: %v", i, verr)
 		}
-		if _, dup := s.services[svc.Name]; dup {
-			return fmt.Errorf("services[%d]: duplicate name %q", i, svc.Name)
+		name := svc.Spec.Name
+		if _, dup := s.services[name]; dup {
+			return fmt.Errorf("services[%d]: duplicate name %q", i, name)
 		}
 		fk := frontendOf(svc)
 		if other, dup := s.frontends[fk]; dup {
 			return fmt.Errorf("services[%d]: frontend %s also used by %q", i, fk, other)
 		}
-		if in.Id == 0 || seenSvc[in.Id] {
-			return fmt.Errorf("services[%d]: missing or duplicate id %d", i, in.Id)
+		if id := svc.Spec.Id; id == 0 || seenSvc[id] {
+			return fmt.Errorf("services[%d]: missing or duplicate id %d", i, id)
 		}
-		seenSvc[in.Id] = true
-		svc.Id, svc.Revision = in.Id, in.Revision
-		svcIDs = append(svcIDs, in.Id)
-		ids := map[netip.AddrPort]uint32{}
-		for _, b := range in.Backends {
-			a, err := netip.ParseAddr(b.Address)
-			if err != nil {
-				return fmt.Errorf("services[%d]: backend %q: %v", i, b.Address, err)
+		seenSvc[svc.Spec.Id] = true
+		svcIDs = append(svcIDs, svc.Spec.Id)
+		for j, b := range svc.Spec.Backends {
+			if b.Id == 0 || seenBe[b.Id] {
+				return fmt.Errorf("services[%d]: backend %s: missing or duplicate id %d", i, svc.Backends[j].Addr, b.Id)
 			}
-			ids[netip.AddrPortFrom(a, uint16(b.Port))] = b.Id
+			seenBe[b.Id] = true
+			beIDs = append(beIDs, b.Id)
 		}
-		for _, b := range svc.Backends {
-			id := ids[backendKey(b)]
-			if id == 0 || seenBe[id] {
-				return fmt.Errorf("services[%d]: backend %s: missing or duplicate id %d", i, backendKey(b), id)
-			}
-			seenBe[id] = true
-			b.Id = id
-			beIDs = append(beIDs, id)
-		}
-		s.services[svc.Name] = svc
-		s.frontends[fk] = svc.Name
-		s.names = append(s.names, svc.Name)
+		s.services[name] = svc
+		s.frontends[fk] = name
+		s.names = append(s.names, name)
 		s.indexNodes(svc, 1)
 		s.backends += len(svc.Backends)
 	}
 	slices.Sort(s.names)
 	for i, in := range st.BgpPeers {
-		p, verr := normalizePeer(in)
+		p, addr, verr := normalizePeer(in)
 		if verr != nil {
 			return fmt.Errorf("bgp_peers[%d]: %v", i, verr)
 		}
-		if _, dup := s.peers[p.Address]; dup {
-			return fmt.Errorf("bgp_peers[%d]: duplicate peer %s", i, p.Address)
+		if _, dup := s.peers[addr]; dup {
+			return fmt.Errorf("bgp_peers[%d]: duplicate peer %s", i, addr)
 		}
-		s.peers[p.Address] = p
+		s.peers[addr] = p
 	}
 	s.drained = st.NodeDrained
 	s.svcIDs, s.beIDs = newIDAlloc(svcIDs, s.opts.HoldIDs), newIDAlloc(beIDs, s.opts.HoldIDs)
@@ -300,7 +291,7 @@ func (s *Store) restore(st *statev1.State) error {
 // SnapshotAndListen returns the current services, the Seq they reflect, and registers l
 // for every change after them, with no change lost or seen twice in between. The
 // returned function unregisters l.
-func (s *Store) SnapshotAndListen(l Listener) ([]*lbdv1.Service, uint64, func()) {
+func (s *Store) SnapshotAndListen(l Listener) ([]*model.Service, uint64, func()) {
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
 	s.mu.Lock()
@@ -308,8 +299,11 @@ func (s *Store) SnapshotAndListen(l Listener) ([]*lbdv1.Service, uint64, func())
 	s.nextLID++
 	s.listeners[id] = l
 	seq := s.seq
+	snap := make([]*model.Service, 0, len(s.names))
+	for _, name := range s.names {
+		snap = append(snap, s.typedWithStatus(s.services[name]))
+	}
 	s.mu.Unlock()
-	snap := s.ListServices("")
 	return snap, seq, func() {
 		s.writeMu.Lock()
 		defer s.writeMu.Unlock()

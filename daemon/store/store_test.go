@@ -67,7 +67,7 @@ func TestPersistAndRestoreKeepIDsAndRevisions(t *testing.T) {
 			t.Errorf("service %d differs:\n%v\n%v", i, before[i], after[i])
 		}
 	}
-	if !r.Drained() || r.BgpPeersWithSecrets()[0].Password != "pw" {
+	if !r.Drained() || r.BgpPeers(true)[0].Spec.Password != "pw" {
 		t.Errorf("drain flag or peer password lost")
 	}
 	// IDs freed by "a" are reused, lowest first, and never collide with live ones.

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/lbd-dev/lbd/daemon/model"
 	statev1 "github.com/lbd-dev/lbd/proto/lbd/state/v1"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"google.golang.org/protobuf/proto"
@@ -20,11 +21,11 @@ import (
 type txn struct {
 	s *Store
 	// svcs are the services the transaction changed, by name; nil: removed.
-	svcs map[string]*lbdv1.Service
+	svcs map[string]*model.Service
 	// fronts are the frontends it changed; "": freed.
 	fronts map[frontendKey]string
 	// peers are all peers (a few dozen at most), copied.
-	peers   map[string]*lbdv1.BgpPeer
+	peers   map[netip.Addr]*lbdv1.BgpPeer
 	drained bool
 	// nsvc and nbe count the services and backends after the transaction; tableBytes
 	// the memory of the tables, when tableBytesKnown (checkMemory).
@@ -45,7 +46,7 @@ func (s *Store) begin() *txn {
 	s.writeMu.Lock()
 	return &txn{
 		s:       s,
-		svcs:    map[string]*lbdv1.Service{},
+		svcs:    map[string]*model.Service{},
 		fronts:  map[frontendKey]string{},
 		peers:   maps.Clone(s.peers),
 		drained: s.drained,
@@ -57,7 +58,7 @@ func (s *Store) begin() *txn {
 }
 
 // service returns the service named name as the transaction sees it, or nil.
-func (t *txn) service(name string) *lbdv1.Service {
+func (t *txn) service(name string) *model.Service {
 	if svc, ok := t.svcs[name]; ok {
 		return svc
 	}
@@ -74,7 +75,7 @@ func (t *txn) frontend(fk frontendKey) (string, bool) {
 }
 
 // setService replaces (or, with nil, removes) the service named name.
-func (t *txn) setService(name string, svc *lbdv1.Service) {
+func (t *txn) setService(name string, svc *model.Service) {
 	if old := t.service(name); old != nil {
 		t.nsvc--
 		t.nbe -= len(old.Backends)
@@ -126,15 +127,15 @@ func (t *txn) checkMemory() error {
 	if !s.tableBytesKnown {
 		total = 0
 		for _, svc := range s.services {
-			total += b.TableBytes(svc)
+			total += b.TableBytes(svc.Spec)
 		}
 	}
 	for name, svc := range t.svcs {
 		if old := s.services[name]; old != nil {
-			total -= b.TableBytes(old)
+			total -= b.TableBytes(old.Spec)
 		}
 		if svc != nil {
-			total += b.TableBytes(svc)
+			total += b.TableBytes(svc.Spec)
 		}
 	}
 	if total > b.Tables {
@@ -148,7 +149,7 @@ func (t *txn) checkMemory() error {
 // grows reports whether a change from old to svc (nil: none) could make the tables take
 // more memory, whatever their sizing: a new service, or one with more backends, a
 // higher total weight or another table size.
-func grows(old, svc *lbdv1.Service) bool {
+func grows(old, svc *model.Service) bool {
 	switch {
 	case svc == nil:
 		return false
@@ -161,7 +162,7 @@ func grows(old, svc *lbdv1.Service) bool {
 		}
 		return w
 	}
-	return len(svc.Backends) > len(old.Backends) || svc.MaglevTableSize != old.MaglevTableSize || weights(svc) > weights(old)
+	return len(svc.Backends) > len(old.Backends) || svc.Spec.MaglevTableSize != old.Spec.MaglevTableSize || weights(svc.Spec) > weights(old.Spec)
 }
 
 // humanBytes writes a byte count in binary units.
@@ -248,13 +249,13 @@ func (t *txn) commit() error {
 		// backend that reuses the ID.
 		if rt := s.status[ev.Name]; rt != nil {
 			live := make(map[uint32]bool, len(ev.Service.Backends))
-			for _, b := range ev.Service.Backends {
+			for _, b := range ev.Service.Spec.Backends {
 				live[b.Id] = true
 			}
 			maps.DeleteFunc(rt.health, func(id uint32, _ *lbdv1.BackendHealth) bool { return !live[id] })
 			maps.DeleteFunc(rt.tableSlots, func(id uint32, _ uint32) bool { return !live[id] })
 		}
-		t.events[i].Service = s.withStatus(ev.Service)
+		t.events[i].Service = s.typedWithStatus(ev.Service)
 	}
 	s.mu.Unlock()
 	s.notify(t.events)
@@ -326,19 +327,19 @@ func (t *txn) journalEntry() *statev1.JournalEntry {
 	for _, name := range slices.Sorted(maps.Keys(t.svcs)) {
 		switch svc := t.svcs[name]; {
 		case svc != nil:
-			e.Services = append(e.Services, svc)
+			e.Services = append(e.Services, svc.Spec)
 		case s.services[name] != nil:
 			e.DeletedServices = append(e.DeletedServices, name)
 		}
 	}
-	for _, addr := range slices.Sorted(maps.Keys(t.peers)) {
+	for _, addr := range slices.SortedFunc(maps.Keys(t.peers), netip.Addr.Compare) {
 		if p := t.peers[addr]; s.peers[addr] != p {
 			e.BgpPeers = append(e.BgpPeers, p)
 		}
 	}
-	for _, addr := range slices.Sorted(maps.Keys(s.peers)) {
+	for _, addr := range slices.SortedFunc(maps.Keys(s.peers), netip.Addr.Compare) {
 		if _, ok := t.peers[addr]; !ok {
-			e.DeletedBgpPeers = append(e.DeletedBgpPeers, addr)
+			e.DeletedBgpPeers = append(e.DeletedBgpPeers, addr.String())
 		}
 	}
 	if t.drained != s.drained {
@@ -352,9 +353,9 @@ func (t *txn) journalEntry() *statev1.JournalEntry {
 func (s *Store) snapshot() *statev1.State {
 	st := &statev1.State{NodeDrained: s.drained, Services: make([]*lbdv1.Service, 0, len(s.names))}
 	for _, name := range s.names {
-		st.Services = append(st.Services, s.services[name])
+		st.Services = append(st.Services, s.services[name].Spec)
 	}
-	for _, addr := range slices.Sorted(maps.Keys(s.peers)) {
+	for _, addr := range slices.SortedFunc(maps.Keys(s.peers), netip.Addr.Compare) {
 		st.BgpPeers = append(st.BgpPeers, s.peers[addr])
 	}
 	return st
@@ -362,19 +363,20 @@ func (s *Store) snapshot() *statev1.State {
 
 // put stores a normalized service, assigning IDs: the service keeps its ID, and each
 // backend keeps the ID of the backend with the same address and port in old (if any).
-func (t *txn) put(svc *lbdv1.Service, old *lbdv1.Service) {
+func (t *txn) put(svc *model.Service, old *model.Service) {
 	oldIDs := map[netip.AddrPort]uint32{}
+	spec := svc.Spec
 	if old != nil {
-		svc.Id, svc.Revision = old.Id, old.Revision+1
-		for _, b := range old.Backends {
-			oldIDs[backendKey(b)] = b.Id
+		spec.Id, spec.Revision = old.Spec.Id, old.Spec.Revision+1
+		for i, b := range old.Spec.Backends {
+			oldIDs[old.Backends[i].Addr] = b.Id
 		}
-		t.freeFrontend(frontendOf(old), old.Name)
+		t.freeFrontend(frontendOf(old), old.Spec.Name)
 	} else {
-		svc.Id, svc.Revision = t.svcIDs.get(), 1
+		spec.Id, spec.Revision = t.svcIDs.get(), 1
 	}
-	for _, b := range svc.Backends {
-		k := backendKey(b)
+	for i, b := range spec.Backends {
+		k := svc.Backends[i].Addr
 		if id, ok := oldIDs[k]; ok {
 			b.Id = id
 			delete(oldIDs, k)
@@ -385,29 +387,30 @@ func (t *txn) put(svc *lbdv1.Service, old *lbdv1.Service) {
 	for _, id := range slices.Sorted(maps.Values(oldIDs)) {
 		t.beIDs.put(id)
 	}
-	t.setService(svc.Name, svc)
-	t.fronts[frontendOf(svc)] = svc.Name
+	t.setService(spec.Name, svc)
+	t.fronts[frontendOf(svc)] = spec.Name
 	typ := Added
 	if old != nil {
 		typ = Modified
 	}
-	t.events = append(t.events, Event{Type: typ, Name: svc.Name, Service: svc})
+	t.events = append(t.events, Event{Type: typ, Name: spec.Name, Service: svc})
 }
 
-func (t *txn) remove(old *lbdv1.Service) {
-	t.setService(old.Name, nil)
-	t.freeFrontend(frontendOf(old), old.Name)
-	t.svcIDs.put(old.Id)
-	for _, b := range old.Backends {
+func (t *txn) remove(old *model.Service) {
+	name := old.Spec.Name
+	t.setService(name, nil)
+	t.freeFrontend(frontendOf(old), name)
+	t.svcIDs.put(old.Spec.Id)
+	for _, b := range old.Spec.Backends {
 		t.beIDs.put(b.Id)
 	}
-	t.events = append(t.events, Event{Type: Deleted, Name: old.Name, Service: old})
+	t.events = append(t.events, Event{Type: Deleted, Name: name, Service: old})
 }
 
 // checkFrontend reports a conflict of svc's frontend with another service.
-func (t *txn) checkFrontend(svc *lbdv1.Service) error {
+func (t *txn) checkFrontend(svc *model.Service) error {
 	fk := frontendOf(svc)
-	if other, ok := t.frontend(fk); ok && other != svc.Name {
+	if other, ok := t.frontend(fk); ok && other != svc.Spec.Name {
 		return alreadyExists("service.vip", "frontend %s is already used by service %q", fk, other)
 	}
 	return nil
@@ -416,15 +419,16 @@ func (t *txn) checkFrontend(svc *lbdv1.Service) error {
 // sameSpec reports whether the normalized service a has the same spec as the stored
 // service b (IDs, revision and status aside). It borrows b's IDs into a for the
 // comparison and restores a afterwards, which avoids cloning either.
-func sameSpec(a, b *lbdv1.Service) bool {
-	if len(a.Backends) != len(b.Backends) {
+func sameSpec(as, bs *model.Service) bool {
+	if len(as.Backends) != len(bs.Backends) {
 		return false
 	}
-	for i := range a.Backends {
-		if backendKey(a.Backends[i]) != backendKey(b.Backends[i]) {
+	for i := range as.Backends {
+		if as.Backends[i].Addr != bs.Backends[i].Addr {
 			return false
 		}
 	}
+	a, b := as.Spec, bs.Spec
 	ids := make([]uint32, len(a.Backends))
 	for i, be := range a.Backends {
 		ids[i], be.Id = be.Id, b.Backends[i].Id

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/lbd-dev/lbd/daemon/maglev"
+	"github.com/lbd-dev/lbd/daemon/model"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -139,6 +140,18 @@ func parseAddr(field, s string) (netip.Addr, *Error) {
 	return a, nil
 }
 
+// parseBackendRef parses the address and port that name a backend in a request.
+func parseBackendRef(address string, port uint32) (netip.AddrPort, error) {
+	a, err := netip.ParseAddr(address)
+	if err != nil {
+		return netip.AddrPort{}, invalid("address", "%q is not an IP address", address)
+	}
+	if port > 65535 {
+		return netip.AddrPort{}, invalid("port", "%d is not a port (0-65535)", port)
+	}
+	return netip.AddrPortFrom(a.WithZone(""), uint16(port)), nil
+}
+
 func family(a netip.Addr) string {
 	if a.Is4() {
 		return "IPv4"
@@ -155,13 +168,32 @@ func validPort(field string, p uint32) *Error {
 
 // normalizeService validates svc and returns a normalized copy: defaults made explicit,
 // addresses in canonical form, backends sorted. Output-only fields are cleared. svc is not
-// modified.
-func normalizeService(svc *lbdv1.Service, lim Limits) (*lbdv1.Service, *Error) {
+// modified. It is where every service that enters the store (API calls, the state file,
+// the fleet's etcd) has its addresses parsed, once: the result carries them typed.
+func normalizeService(svc *lbdv1.Service, lim Limits) (*model.Service, *Error) {
+	return normalize(svc, lim, false)
+}
+
+// normalizeStored is normalizeService for a service that the store itself wrote (the
+// state file, the fleet's etcd): its ID, revision and backend IDs are kept.
+func normalizeStored(svc *lbdv1.Service, lim Limits) (*model.Service, *Error) {
+	return normalize(svc, lim, true)
+}
+
+func normalize(svc *lbdv1.Service, lim Limits, keepIDs bool) (*model.Service, *Error) {
 	if svc == nil {
 		return nil, invalid("service", "is required")
 	}
 	s := proto.Clone(svc).(*lbdv1.Service)
-	s.Id, s.Revision, s.Status = 0, 0, nil
+	s.Status = nil
+	if !keepIDs {
+		s.Id, s.Revision = 0, 0
+		for _, b := range s.Backends {
+			if b != nil {
+				b.Id = 0
+			}
+		}
+	}
 	if err := validateName("service.name", s.Name); err != nil {
 		return nil, err
 	}
@@ -229,7 +261,8 @@ func normalizeService(svc *lbdv1.Service, lim Limits) (*lbdv1.Service, *Error) {
 			return nil, invalid("service.session_affinity.timeout", "%v must be whole seconds from 1s to %v", d, maxAffinityTimeout)
 		}
 	}
-	if err := normalizeSourceRanges(s, vip, lim); err != nil {
+	ranges, err := normalizeSourceRanges(s, vip, lim)
+	if err != nil {
 		return nil, err
 	}
 	if err := normalizeHealthCheck(s); err != nil {
@@ -239,23 +272,23 @@ func normalizeService(svc *lbdv1.Service, lim Limits) (*lbdv1.Service, *Error) {
 		return nil, invalid("service.backends", "%d backends exceed the limit of %d per service", len(s.Backends), lim.MaxBackendsPerService)
 	}
 	seen := make(map[netip.AddrPort]int, len(s.Backends))
+	out := &model.Service{Spec: s, VIP: vip, SourceRanges: ranges, Backends: make([]model.Backend, len(s.Backends))}
 	var weights uint32
 	for i, b := range s.Backends {
 		field := fmt.Sprintf("service.backends[%d]", i)
 		if b == nil {
 			return nil, invalid(field, "is empty")
 		}
-		nb, err := fixBackend(field, b, vip, s) // b is part of the clone s
+		nb, addrs, err := fixBackend(field, b, vip, s) // b is part of the clone s
 		if err != nil {
 			return nil, err
 		}
-		ap := netip.AddrPortFrom(netip.MustParseAddr(nb.Address), uint16(nb.Port))
-		if j, dup := seen[ap]; dup {
-			return nil, invalid(field, "duplicate backend %s (also backends[%d])", ap, j)
+		if j, dup := seen[addrs.Addr]; dup {
+			return nil, invalid(field, "duplicate backend %s (also backends[%d])", addrs.Addr, j)
 		}
-		seen[ap] = i
+		seen[addrs.Addr] = i
 		weights += nb.Weight
-		s.Backends[i] = nb
+		s.Backends[i], out.Backends[i] = nb, addrs
 	}
 	if m := maglev.TableSize(s.MaglevTableSize, len(s.Backends), uint64(weights)); weights > m {
 		return nil, invalid("service.backends", "weights add up to %d, more than the Maglev table size %d", weights, m)
@@ -263,8 +296,8 @@ func normalizeService(svc *lbdv1.Service, lim Limits) (*lbdv1.Service, *Error) {
 	if i, j, dup := duplicateQUICServerID(s.Backends); dup {
 		return nil, invalid(fmt.Sprintf("service.backends[%d].quic_server_id", j), "%x is also the server ID of backends[%d]", s.Backends[j].QuicServerId, i)
 	}
-	sortBackends(s.Backends)
-	return s, nil
+	sortBackends(out)
+	return out, nil
 }
 
 // QUIC-LB's bounds: config rotation codepoints 0-6 (0b111 marks unroutable connection
@@ -307,32 +340,41 @@ func duplicateQUICServerID(bs []*lbdv1.Backend) (first, second int, dup bool) {
 	return 0, 0, false
 }
 
-func normalizeSourceRanges(s *lbdv1.Service, vip netip.Addr, lim Limits) *Error {
+// normalizeSourceRanges checks and masks the service's source ranges, sorts them as
+// strings (the order the API shows) and returns them parsed, in that order.
+func normalizeSourceRanges(s *lbdv1.Service, vip netip.Addr, lim Limits) ([]netip.Prefix, *Error) {
 	if len(s.SourceRanges) > lim.MaxSourceRanges {
-		return invalid("service.source_ranges", "%d ranges exceed the limit of %d", len(s.SourceRanges), lim.MaxSourceRanges)
+		return nil, invalid("service.source_ranges", "%d ranges exceed the limit of %d", len(s.SourceRanges), lim.MaxSourceRanges)
 	}
+	if len(s.SourceRanges) == 0 {
+		return nil, nil
+	}
+	out := make([]netip.Prefix, 0, len(s.SourceRanges))
 	seen := make(map[netip.Prefix]bool, len(s.SourceRanges))
 	for i, r := range s.SourceRanges {
 		field := fmt.Sprintf("service.source_ranges[%d]", i)
 		p, err := netip.ParsePrefix(r)
 		if err != nil {
-			return invalid(field, "%q is not a CIDR prefix", r)
+			return nil, invalid(field, "%q is not a CIDR prefix", r)
 		}
 		if p.Addr().Is4In6() || p.Addr().Zone() != "" {
-			return invalid(field, "%q: use plain IPv4 or IPv6 prefixes", r)
+			return nil, invalid(field, "%q: use plain IPv4 or IPv6 prefixes", r)
 		}
 		if p.Addr().Is4() != vip.Is4() {
-			return invalid(field, "%q is not of the VIP's family (%s)", r, family(vip))
+			return nil, invalid(field, "%q is not of the VIP's family (%s)", r, family(vip))
 		}
 		p = p.Masked()
 		if seen[p] {
-			return invalid(field, "duplicate range %s", p)
+			return nil, invalid(field, "duplicate range %s", p)
 		}
 		seen[p] = true
+		out = append(out, p)
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int { return strings.Compare(a.String(), b.String()) })
+	for i, p := range out {
 		s.SourceRanges[i] = p.String()
 	}
-	slices.Sort(s.SourceRanges)
-	return nil
+	return out, nil
 }
 
 func normalizeHealthCheck(s *lbdv1.Service) *Error {
@@ -436,76 +478,86 @@ func durationOr(field string, d *durationpb.Duration, def time.Duration) (time.D
 }
 
 // normalizeBackend validates one backend of svc, whose VIP is vip.
-func normalizeBackend(field string, b *lbdv1.Backend, vip netip.Addr, svc *lbdv1.Service) (*lbdv1.Backend, *Error) {
+func normalizeBackend(field string, b *lbdv1.Backend, vip netip.Addr, svc *lbdv1.Service) (*lbdv1.Backend, model.Backend, *Error) {
 	if b == nil {
-		return nil, invalid(field, "is empty")
+		return nil, model.Backend{}, invalid(field, "is empty")
 	}
-	return fixBackend(field, proto.Clone(b).(*lbdv1.Backend), vip, svc)
+	nb := proto.Clone(b).(*lbdv1.Backend)
+	nb.Id = 0
+	return fixBackend(field, nb, vip, svc)
 }
 
 // fixBackend is normalizeBackend on a backend of the caller's own, changed in place.
-func fixBackend(field string, nb *lbdv1.Backend, vip netip.Addr, svc *lbdv1.Service) (*lbdv1.Backend, *Error) {
-	nb.Id, nb.Health, nb.TableSlots = 0, nil, 0
+// Its ID is kept: normalizeService clears it for API input.
+func fixBackend(field string, nb *lbdv1.Backend, vip netip.Addr, svc *lbdv1.Service) (*lbdv1.Backend, model.Backend, *Error) {
+	nb.Health, nb.TableSlots = nil, 0
 	addr, err := parseAddr(field+".address", nb.Address)
 	if err != nil {
-		return nil, err
+		return nil, model.Backend{}, err
 	}
 	if addr.Is4() != vip.Is4() {
-		return nil, invalid(field+".address", "%s is %s but the VIP %s is %s", addr, family(addr), vip, family(vip))
+		return nil, model.Backend{}, invalid(field+".address", "%s is %s but the VIP %s is %s", addr, family(addr), vip, family(vip))
 	}
 	nb.Address = addr.String()
 	if err := validPort(field+".port", nb.Port); err != nil {
-		return nil, err
+		return nil, model.Backend{}, err
 	}
 	switch {
 	case svc.Port == 0 && nb.Port != 0:
-		return nil, invalid(field+".port", "must be 0 for a service on all ports (the client's port is kept)")
+		return nil, model.Backend{}, invalid(field+".port", "must be 0 for a service on all ports (the client's port is kept)")
 	case svc.Port != 0 && nb.Port == 0:
-		return nil, invalid(field+".port", "is required (1-65535)")
+		return nil, model.Backend{}, invalid(field+".port", "is required (1-65535)")
 	case svc.Protocol == lbdv1.Protocol_PROTOCOL_SCTP && nb.Port != svc.Port:
 		// SCTP's CRC32c covers the ports: translating one would mean recomputing it
 		// over the whole packet, on every packet, in both directions.
-		return nil, invalid(field+".port", "%d must be the SCTP service's port %d: lbd does not translate SCTP ports", nb.Port, svc.Port)
+		return nil, model.Backend{}, invalid(field+".port", "%d must be the SCTP service's port %d: lbd does not translate SCTP ports", nb.Port, svc.Port)
 	}
 	if n := len(nb.QuicServerId); n > 0 {
 		switch {
 		case svc.Quic == nil:
-			return nil, invalid(field+".quic_server_id", "the service has no QUIC routing (service.quic)")
+			return nil, model.Backend{}, invalid(field+".quic_server_id", "the service has no QUIC routing (service.quic)")
 		case uint32(n) != svc.Quic.ServerIdLength:
-			return nil, invalid(field+".quic_server_id", "%x is %d bytes, the service's server IDs are %d", nb.QuicServerId, n, svc.Quic.ServerIdLength)
+			return nil, model.Backend{}, invalid(field+".quic_server_id", "%x is %d bytes, the service's server IDs are %d", nb.QuicServerId, n, svc.Quic.ServerIdLength)
 		}
 	}
-	if nb.NodeAddress == "" {
-		nb.NodeAddress = nb.Address
-	} else {
-		node, err := parseAddr(field+".node_address", nb.NodeAddress)
-		if err != nil {
-			return nil, err
+	node := addr
+	if nb.NodeAddress != "" {
+		if node, err = parseAddr(field+".node_address", nb.NodeAddress); err != nil {
+			return nil, model.Backend{}, err
 		}
-		nb.NodeAddress = node.String()
 	}
+	nb.NodeAddress = node.String()
 	if nb.Weight == 0 {
 		nb.Weight = 1
 	}
 	if nb.Weight > maglev.MaxWeight {
-		return nil, invalid(field+".weight", "%d exceeds the maximum weight %d", nb.Weight, maglev.MaxWeight)
+		return nil, model.Backend{}, invalid(field+".weight", "%d exceeds the maximum weight %d", nb.Weight, maglev.MaxWeight)
 	}
 	switch nb.State {
 	case lbdv1.BackendState_BACKEND_STATE_UNSPECIFIED:
 		nb.State = lbdv1.BackendState_BACKEND_STATE_ACTIVE
 	case lbdv1.BackendState_BACKEND_STATE_ACTIVE, lbdv1.BackendState_BACKEND_STATE_DRAINING, lbdv1.BackendState_BACKEND_STATE_DISABLED:
 	default:
-		return nil, invalid(field+".state", "unknown state %d", nb.State)
+		return nil, model.Backend{}, invalid(field+".state", "unknown state %d", nb.State)
 	}
-	return nb, nil
+	return nb, model.Backend{Addr: netip.AddrPortFrom(addr, uint16(nb.Port)), Node: node}, nil
 }
 
-func backendKey(b *lbdv1.Backend) netip.AddrPort {
-	return netip.AddrPortFrom(netip.MustParseAddr(b.Address), uint16(b.Port))
-}
-
-func sortBackends(bs []*lbdv1.Backend) {
-	slices.SortFunc(bs, func(a, b *lbdv1.Backend) int { return backendKey(a).Compare(backendKey(b)) })
+// sortBackends sorts a service's backends, and their addresses with them, by address
+// and port.
+func sortBackends(svc *model.Service) {
+	idx := make([]int, len(svc.Backends))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortFunc(idx, func(i, j int) int { return svc.Backends[i].Addr.Compare(svc.Backends[j].Addr) })
+	if slices.IsSorted(idx) {
+		return
+	}
+	specs, addrs := slices.Clone(svc.Spec.Backends), slices.Clone(svc.Backends)
+	for to, from := range idx {
+		svc.Spec.Backends[to], svc.Backends[to] = specs[from], addrs[from]
+	}
 }
 
 // frontendKey identifies a service's frontend; two services may not share one.
@@ -515,8 +567,8 @@ type frontendKey struct {
 	proto lbdv1.Protocol
 }
 
-func frontendOf(s *lbdv1.Service) frontendKey {
-	return frontendKey{netip.MustParseAddr(s.Vip), s.Port, s.Protocol}
+func frontendOf(s *model.Service) frontendKey {
+	return frontendKey{s.VIP, s.Spec.Port, s.Spec.Protocol}
 }
 
 func (k frontendKey) String() string {
@@ -530,59 +582,70 @@ func (k frontendKey) String() string {
 	return fmt.Sprintf("%s/%s", netip.AddrPortFrom(k.vip, uint16(k.port)), p)
 }
 
-// normalizePeer validates a BGP peer and fills its defaults.
-func normalizePeer(p *lbdv1.BgpPeer) (*lbdv1.BgpPeer, *Error) {
+// parsePeerRef parses the address that names a BGP peer in a request.
+func parsePeerRef(address string) (netip.Addr, error) {
+	a, err := netip.ParseAddr(address)
+	if err != nil {
+		return netip.Addr{}, invalid("address", "%q is not an IP address", address)
+	}
+	return a.Unmap(), nil
+}
+
+// normalizePeer validates a BGP peer and fills its defaults; it returns the peer's
+// address parsed, which is its key.
+func normalizePeer(p *lbdv1.BgpPeer) (*lbdv1.BgpPeer, netip.Addr, *Error) {
 	if p == nil {
-		return nil, invalid("peer", "is required")
+		return nil, netip.Addr{}, invalid("peer", "is required")
 	}
 	np := proto.Clone(p).(*lbdv1.BgpPeer)
 	np.Status = nil
 	addr, perr := netip.ParseAddr(np.Address)
 	if perr != nil || addr.Zone() != "" || addr.IsUnspecified() || addr.IsMulticast() {
-		return nil, invalid("peer.address", "%q is not a unicast IP address", np.Address)
+		return nil, netip.Addr{}, invalid("peer.address", "%q is not a unicast IP address", np.Address)
 	}
-	np.Address = addr.Unmap().String()
+	addr = addr.Unmap()
+	np.Address = addr.String()
 	if np.PeerAs == 0 || np.PeerAs == 4294967295 {
-		return nil, invalid("peer.peer_as", "%d is not a valid AS number (1-4294967294)", np.PeerAs)
+		return nil, netip.Addr{}, invalid("peer.peer_as", "%d is not a valid AS number (1-4294967294)", np.PeerAs)
 	}
 	if np.Port == 0 {
 		np.Port = 179
 	}
 	if err := validPort("peer.port", np.Port); err != nil {
-		return nil, err
+		return nil, netip.Addr{}, err
 	}
 	if len(np.Password) > 80 {
-		return nil, invalid("peer.password", "TCP MD5 keys are at most 80 characters")
+		return nil, netip.Addr{}, invalid("peer.password", "TCP MD5 keys are at most 80 characters")
 	}
 	hold, err := durationOr("peer.hold_time", np.HoldTime, 90*time.Second)
 	if err != nil {
-		return nil, err
+		return nil, netip.Addr{}, err
 	}
 	if hold < 3*time.Second || hold > 65535*time.Second || hold%time.Second != 0 {
-		return nil, invalid("peer.hold_time", "%v must be whole seconds from 3s to 65535s", hold)
+		return nil, netip.Addr{}, invalid("peer.hold_time", "%v must be whole seconds from 3s to 65535s", hold)
 	}
 	keep, err := durationOr("peer.keepalive_interval", np.KeepaliveInterval, hold/3)
 	if err != nil {
-		return nil, err
+		return nil, netip.Addr{}, err
 	}
 	if keep < time.Second || keep >= hold || keep%time.Second != 0 {
-		return nil, invalid("peer.keepalive_interval", "%v must be whole seconds, at least 1s and below the hold time %v", keep, hold)
+		return nil, netip.Addr{}, invalid("peer.keepalive_interval", "%v must be whole seconds, at least 1s and below the hold time %v", keep, hold)
 	}
 	np.HoldTime, np.KeepaliveInterval = durationpb.New(hold), durationpb.New(keep)
 	if np.EbgpMultihopTtl > 255 {
-		return nil, invalid("peer.ebgp_multihop_ttl", "%d exceeds 255", np.EbgpMultihopTtl)
+		return nil, netip.Addr{}, invalid("peer.ebgp_multihop_ttl", "%d exceeds 255", np.EbgpMultihopTtl)
 	}
 	if np.GracefulRestart {
 		gr, err := durationOr("peer.graceful_restart_time", np.GracefulRestartTime, 120*time.Second)
 		if err != nil {
-			return nil, err
+			return nil, netip.Addr{}, err
 		}
 		if gr < time.Second || gr > 4095*time.Second || gr%time.Second != 0 {
-			return nil, invalid("peer.graceful_restart_time", "%v must be whole seconds from 1s to 4095s", gr)
+			return nil, netip.Addr{}, invalid("peer.graceful_restart_time", "%v must be whole seconds from 1s to 4095s", gr)
 		}
 		np.GracefulRestartTime = durationpb.New(gr)
 	} else if np.GracefulRestartTime != nil {
-		return nil, invalid("peer.graceful_restart_time", "is only meaningful with graceful_restart")
+		return nil, netip.Addr{}, invalid("peer.graceful_restart_time", "is only meaningful with graceful_restart")
 	}
-	return np, nil
+	return np, addr, nil
 }
