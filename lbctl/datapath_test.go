@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"net/netip"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -15,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/lbd-dev/lbd/daemon/apitest"
+	"github.com/lbd-dev/lbd/daemon/model"
 	"github.com/lbd-dev/lbd/daemon/store"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 )
@@ -35,7 +38,7 @@ type fakeDatapath struct {
 	seenAgo []time.Duration
 
 	mu       sync.Mutex
-	traces   []*lbdv1.TraceFlowRequest
+	traces   []model.Flow
 	lists    []*lbdv1.ListConnectionsRequest
 	sockReqs []*lbdv1.ListSocketTranslationsRequest
 	statsN   int
@@ -47,7 +50,7 @@ type fakeDatapath struct {
 	drift []*lbdv1.Drift
 }
 
-func (f *fakeDatapath) TraceFlow(_ context.Context, r *lbdv1.TraceFlowRequest) (*lbdv1.TraceFlowResponse, error) {
+func (f *fakeDatapath) TraceFlow(_ context.Context, r model.Flow) (*lbdv1.TraceFlowResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.traces = append(f.traces, r)
@@ -131,7 +134,7 @@ func (f *fakeDatapath) calls() [4]int {
 }
 
 // requests returns the trace and list requests received so far.
-func (f *fakeDatapath) requests() ([]*lbdv1.TraceFlowRequest, []*lbdv1.ListConnectionsRequest) {
+func (f *fakeDatapath) requests() ([]model.Flow, []*lbdv1.ListConnectionsRequest) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return slices.Clone(f.traces), slices.Clone(f.lists)
@@ -379,9 +382,9 @@ Reason:   new flow: Maglev table (size 65537) chose backend 3
 	if got := ok(t, srv, "trace", "tcp", "2001:DB8:1:0::7", "40000", "2001:db8::10", "443"); got != want {
 		t.Errorf("trace:\n%s\nwant:\n%s", got, want)
 	}
-	wantReq := &lbdv1.TraceFlowRequest{Protocol: lbdv1.Protocol_PROTOCOL_TCP, SourceAddress: "2001:db8:1::7", SourcePort: 40000,
-		DestinationAddress: "2001:db8::10", DestinationPort: 443}
-	if traces, _ := f.requests(); len(traces) != 1 || !proto.Equal(traces[0], wantReq) {
+	wantReq := model.Flow{Protocol: lbdv1.Protocol_PROTOCOL_TCP, Src: netip.MustParseAddrPort("[2001:db8:1::7]:40000"),
+		Dst: netip.MustParseAddrPort("[2001:db8::10]:443")}
+	if traces, _ := f.requests(); len(traces) != 1 || !reflect.DeepEqual(traces[0], wantReq) {
 		t.Errorf("requests %v, want %v", traces, wantReq)
 	}
 
@@ -390,9 +393,9 @@ Reason:   new flow: Maglev table (size 65537) chose backend 3
 	if !proto.Equal(&resp, f.trace) {
 		t.Errorf("trace -o json: %v, want %v", &resp, f.trace)
 	}
-	wantReq = &lbdv1.TraceFlowRequest{Protocol: lbdv1.Protocol_PROTOCOL_UDP, SourceAddress: "198.51.100.7", SourcePort: 0,
-		DestinationAddress: "203.0.113.10", DestinationPort: 65535}
-	if traces, _ := f.requests(); len(traces) != 2 || !proto.Equal(traces[1], wantReq) {
+	wantReq = model.Flow{Protocol: lbdv1.Protocol_PROTOCOL_UDP, Src: netip.MustParseAddrPort("198.51.100.7:0"),
+		Dst: netip.MustParseAddrPort("203.0.113.10:65535")}
+	if traces, _ := f.requests(); len(traces) != 2 || !reflect.DeepEqual(traces[1], wantReq) {
 		t.Errorf("requests %v, want %v last", traces, wantReq)
 	}
 }

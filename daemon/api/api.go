@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/lbd-dev/lbd/daemon/model"
 	"github.com/lbd-dev/lbd/daemon/monitor"
 	"github.com/lbd-dev/lbd/daemon/store"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
@@ -21,7 +22,7 @@ import (
 // Datapath is what the API asks of the node's datapath. A node without one (control
 // plane only) passes nil and those RPCs answer Unimplemented.
 type Datapath interface {
-	TraceFlow(context.Context, *lbdv1.TraceFlowRequest) (*lbdv1.TraceFlowResponse, error)
+	TraceFlow(context.Context, model.Flow) (*lbdv1.TraceFlowResponse, error)
 	ListConnections(context.Context, *lbdv1.ListConnectionsRequest) (*lbdv1.ListConnectionsResponse, error)
 	GetStats(context.Context, *lbdv1.GetStatsRequest) (*lbdv1.GetStatsResponse, error)
 	ListSocketTranslations(context.Context, *lbdv1.ListSocketTranslationsRequest) (*lbdv1.ListSocketTranslationsResponse, error)
@@ -274,7 +275,15 @@ func (s *Server) TraceFlow(ctx context.Context, r *lbdv1.TraceFlowRequest) (*lbd
 	if s.opts.Datapath == nil {
 		return nil, unimplemented("TraceFlow")
 	}
-	return s.opts.Datapath.TraceFlow(ctx, r)
+	src, err1 := netip.ParseAddr(r.SourceAddress)
+	dst, err2 := netip.ParseAddr(r.DestinationAddress)
+	if err1 != nil || err2 != nil || src.Is4() != dst.Is4() || r.SourcePort > 65535 || r.DestinationPort > 65535 {
+		return nil, status.Error(codes.InvalidArgument, "trace: need source and destination addresses of one family and ports 0-65535")
+	}
+	return s.opts.Datapath.TraceFlow(ctx, model.Flow{
+		Src: netip.AddrPortFrom(src, uint16(r.SourcePort)), Dst: netip.AddrPortFrom(dst, uint16(r.DestinationPort)),
+		Protocol: r.Protocol, QUICDestinationConnectionID: r.QuicDestinationConnectionId,
+	})
 }
 
 // ListConnections implements lbdv1.LoadBalancerServiceServer.

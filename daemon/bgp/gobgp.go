@@ -217,6 +217,8 @@ func (g *gobgpServer) listPeers(ctx context.Context) ([]PeerStatus, error) {
 	return out, convErr
 }
 
+// peerStatus converts GoBGP's answer about a peer. GoBGP's API gives addresses as
+// strings: parsing them here is a boundary, like the API's own requests.
 func peerStatus(p *api.Peer) (PeerStatus, error) {
 	addr, err := netip.ParseAddr(p.GetConf().GetNeighborAddress())
 	if err != nil {
@@ -280,6 +282,7 @@ func (g *gobgpServer) watchPeers(ctx context.Context, fn func(PeerEvent)) error 
 			if ev == nil || ev.GetType() != api.WatchEventResponse_PeerEvent_STATE {
 				return
 			}
+			// A boundary: GoBGP's events name peers by address strings.
 			addr, err := netip.ParseAddr(ev.GetPeer().GetState().GetNeighborAddress())
 			if err != nil {
 				g.log.Warn("peer event without address", "op", "watch-peers", "error", err)
@@ -374,6 +377,7 @@ func routeFromPath(p *api.Path) (AdvertisedRoute, error) {
 	if err != nil {
 		return AdvertisedRoute{}, fmt.Errorf("decode NLRI: %w", err)
 	}
+	// A boundary: GoBGP's NLRI types print their prefix; they hold no netip value.
 	prefix, err := netip.ParsePrefix(nlri.String())
 	if err != nil {
 		return AdvertisedRoute{}, fmt.Errorf("parse prefix %q: %w", nlri.String(), err)

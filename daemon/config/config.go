@@ -435,6 +435,45 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// DatapathAddrs are the addresses of the datapath's configuration, parsed.
+type DatapathAddrs struct {
+	// Underlay4 and Underlay6 are underlay_v4 and underlay_v6; not valid when empty.
+	Underlay4, Underlay6 netip.Addr
+	LBSources            []netip.Prefix
+}
+
+// Addrs parses the datapath's addresses: the one place they are parsed, for the
+// configuration's validation (which reports the errors, each naming its field) and for
+// the daemon, which takes a validated configuration.
+func (d Datapath) Addrs() (DatapathAddrs, []error) {
+	var out DatapathAddrs
+	var errs []error
+	for _, u := range []struct {
+		field, s string
+		v4       bool
+		to       *netip.Addr
+	}{{"underlay_v4", d.UnderlayV4, true, &out.Underlay4}, {"underlay_v6", d.UnderlayV6, false, &out.Underlay6}} {
+		if u.s == "" {
+			continue
+		}
+		a, err := netip.ParseAddr(u.s)
+		if err != nil || a.Is4() != u.v4 {
+			errs = append(errs, fmt.Errorf("datapath.%s: %q is not an %s address", u.field, u.s, map[bool]string{true: "IPv4", false: "IPv6"}[u.v4]))
+			continue
+		}
+		*u.to = a
+	}
+	for i, s := range d.LBSources {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("datapath.lb_sources[%d]: %q is not a CIDR prefix", i, s))
+			continue
+		}
+		out.LBSources = append(out.LBSources, p)
+	}
+	return out, errs
+}
+
 func (d Datapath) validate(anyRole, backend bool) []error {
 	var errs []error
 	if anyRole && len(d.Interfaces) == 0 {
@@ -446,20 +485,8 @@ func (d Datapath) validate(anyRole, backend bool) []error {
 	if d.VNI >= 1<<24 {
 		errs = append(errs, fmt.Errorf("datapath.vni: %d does not fit 24 bits", d.VNI))
 	}
-	for field, s := range map[string]string{"underlay_v4": d.UnderlayV4, "underlay_v6": d.UnderlayV6} {
-		if s == "" {
-			continue
-		}
-		a, err := netip.ParseAddr(s)
-		if err != nil || a.Is4() != (field == "underlay_v4") {
-			errs = append(errs, fmt.Errorf("datapath.%s: %q is not an %s address", field, s, map[bool]string{true: "IPv4", false: "IPv6"}[field == "underlay_v4"]))
-		}
-	}
-	for i, s := range d.LBSources {
-		if _, err := netip.ParsePrefix(s); err != nil {
-			errs = append(errs, fmt.Errorf("datapath.lb_sources[%d]: %q is not a CIDR prefix", i, s))
-		}
-	}
+	_, addrErrs := d.Addrs()
+	errs = append(errs, addrErrs...)
 	if backend && len(d.LBSources) == 0 {
 		errs = append(errs, errors.New("datapath.lb_sources: a backend node must list the prefixes of its LB nodes (lbd's Geneve from anywhere else is dropped)"))
 	}

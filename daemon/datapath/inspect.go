@@ -13,6 +13,7 @@ import (
 	"github.com/gopacket/gopacket/layers"
 	"github.com/lbd-dev/lbd/bpf/backendtc"
 	"github.com/lbd-dev/lbd/bpf/lbxdp"
+	"github.com/lbd-dev/lbd/daemon/model"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -49,22 +50,17 @@ func protoEnum(p uint8) lbdv1.Protocol {
 // TraceFlow runs the loaded XDP program on a packet of the flow (a TCP SYN, a UDP
 // datagram, an SCTP INIT) and reports what it did. A conntrack entry the trace itself creates is
 // removed again, so tracing leaves no flow behind.
-func (m *Manager) TraceFlow(_ context.Context, r *lbdv1.TraceFlowRequest) (*lbdv1.TraceFlowResponse, error) {
+func (m *Manager) TraceFlow(_ context.Context, f model.Flow) (*lbdv1.TraceFlowResponse, error) {
 	if m.lb == nil {
 		return nil, status.Error(codes.FailedPrecondition, "trace: this node has no LB role")
 	}
-	proto, err := protoNum(r.Protocol)
+	proto, err := protoNum(f.Protocol)
 	if err != nil {
 		return nil, err
 	}
-	src, err1 := netip.ParseAddr(r.SourceAddress)
-	dst, err2 := netip.ParseAddr(r.DestinationAddress)
-	if err1 != nil || err2 != nil || src.Is4() != dst.Is4() || r.SourcePort > 65535 || r.DestinationPort > 65535 {
-		return nil, status.Error(codes.InvalidArgument, "trace: need source and destination addresses of one family and ports 0-65535")
-	}
-	flow := lbxdp.Flow{Src: netip.AddrPortFrom(src, uint16(r.SourcePort)), Dst: netip.AddrPortFrom(dst, uint16(r.DestinationPort)), Proto: proto}
+	flow := lbxdp.Flow{Src: f.Src, Dst: f.Dst, Proto: proto}
 	var payload []byte
-	if cid := r.QuicDestinationConnectionId; len(cid) > 0 {
+	if cid := f.QUICDestinationConnectionID; len(cid) > 0 {
 		if proto != lbxdp.ProtoUDP || len(cid) > 20 {
 			return nil, status.Error(codes.InvalidArgument, "trace: quic_destination_connection_id: 1-20 bytes, UDP only")
 		}
@@ -89,7 +85,7 @@ func (m *Manager) TraceFlow(_ context.Context, r *lbdv1.TraceFlowRequest) (*lbdv
 	attached, why := m.attachment()
 	var svc *programmed
 	for _, p := range m.programmed {
-		if p.key.VIP == dst && p.key.Proto == proto && (p.key.Port == uint16(r.DestinationPort) || (p.key.Port == 0 && svc == nil)) {
+		if p.key.VIP == f.Dst.Addr() && p.key.Proto == proto && (p.key.Port == f.Dst.Port() || (p.key.Port == 0 && svc == nil)) {
 			svc = p
 		}
 	}

@@ -5,6 +5,7 @@ package datapath
 import (
 	"context"
 	"fmt"
+	"github.com/lbd-dev/lbd/daemon/model"
 	"github.com/lbd-dev/lbd/daemon/model/modeltest"
 	"net/netip"
 	"slices"
@@ -194,8 +195,8 @@ func TestTwoNodesChooseTheSameBackend(t *testing.T) {
 	}
 	seen := map[string]int{}
 	for i := range 1000 {
-		req := &lbdv1.TraceFlowRequest{Protocol: lbdv1.Protocol_PROTOCOL_TCP, SourceAddress: fmt.Sprintf("100.64.%d.%d", i/250, i%250+1),
-			SourcePort: uint32(20000 + i), DestinationAddress: "203.0.113.10", DestinationPort: 80}
+		req := model.Flow{Protocol: lbdv1.Protocol_PROTOCOL_TCP, Src: netip.AddrPortFrom(netip.AddrFrom4([4]byte{100, 64, byte(i / 250), byte(i%250 + 1)}), uint16(20000+i)),
+			Dst: netip.MustParseAddrPort("203.0.113.10:80")}
 		var got [2]string
 		for j, m := range ms {
 			var resp *lbdv1.TraceFlowResponse

@@ -1,8 +1,8 @@
 package lbd
 
 import (
+	"errors"
 	"fmt"
-	"net/netip"
 	"path/filepath"
 	"slices"
 	"time"
@@ -50,15 +50,11 @@ func datapathConfig(cfg config.Config) (datapath.Config, error) {
 	dc.GC.Start = min(max(dc.GC.Start, dc.GC.Min), dc.GC.Max)
 	dc.VerifyInterval = time.Duration(d.VerifyInterval)
 	dc.NeighbourRecord = filepath.Join(cfg.StateDir, NeighbourRecordName)
-	if d.UnderlayV4 != "" {
-		dc.Underlay4 = netip.MustParseAddr(d.UnderlayV4) // validated
+	addrs, errs := d.Addrs()
+	if len(errs) > 0 {
+		return dc, errors.Join(errs...)
 	}
-	if d.UnderlayV6 != "" {
-		dc.Underlay6 = netip.MustParseAddr(d.UnderlayV6)
-	}
-	for _, p := range d.LBSources {
-		dc.LBSources = append(dc.LBSources, netip.MustParsePrefix(p))
-	}
+	dc.Underlay4, dc.Underlay6, dc.LBSources = addrs.Underlay4, addrs.Underlay6, addrs.LBSources
 	return dc, dc.GC.Validate()
 }
 

@@ -26,8 +26,10 @@ func checkHost(cfg config.Config) error {
 			return fmt.Errorf("list the addresses of %s: %w", ifc.Name, err)
 		}
 		for _, a := range addrs {
-			if p, err := netip.ParsePrefix(a.String()); err == nil {
-				local[p.Addr().Unmap()] = true
+			if n, ok := a.(*net.IPNet); ok {
+				if ip, ok := netip.AddrFromSlice(n.IP); ok {
+					local[ip.Unmap()] = true
+				}
 			}
 		}
 	}
@@ -37,18 +39,22 @@ func checkHost(cfg config.Config) error {
 			errs = append(errs, fmt.Errorf("datapath.interfaces[%d]: interface %q does not exist on this host", i, name))
 		}
 	}
-	assigned := func(field, s string) {
-		addr, err := netip.ParseAddr(s)
-		if err != nil || addr.IsUnspecified() || local[addr.Unmap()] {
+	assigned := func(field string, addr netip.Addr) {
+		if !addr.IsValid() || addr.IsUnspecified() || local[addr.Unmap()] {
 			return // the configuration's own validation speaks of unparsable addresses
 		}
 		errs = append(errs, fmt.Errorf("%s: %s is not assigned to any interface of this host", field, addr))
 	}
-	assigned("datapath.underlay_v4", cfg.Datapath.UnderlayV4)
-	assigned("datapath.underlay_v6", cfg.Datapath.UnderlayV6)
+	da, _ := cfg.Datapath.Addrs()
+	assigned("datapath.underlay_v4", da.Underlay4)
+	assigned("datapath.underlay_v6", da.Underlay6)
 	for _, l := range []struct{ field, hostPort string }{{"api.tcp.listen", cfg.API.TCP.Listen}, {"metrics_listen", cfg.MetricsListen}} {
+		// Listen addresses are host:port strings of the configuration file, which only
+		// net.Listen reads: this check is their one parse (configuration input).
 		if host, _, err := net.SplitHostPort(l.hostPort); err == nil && host != "" {
-			assigned(l.field, host)
+			if addr, err := netip.ParseAddr(host); err == nil {
+				assigned(l.field, addr)
+			}
 		}
 	}
 	return errors.Join(errs...)

@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 
 	"github.com/lbd-dev/lbd/daemon/datapath"
+	"github.com/lbd-dev/lbd/daemon/model"
 	"github.com/lbd-dev/lbd/daemon/monitor"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"google.golang.org/grpc/codes"
@@ -31,12 +32,12 @@ func (d *openingDatapath) manager() (*datapath.Manager, error) {
 }
 
 // TraceFlow implements api.Datapath.
-func (d *openingDatapath) TraceFlow(ctx context.Context, r *lbdv1.TraceFlowRequest) (*lbdv1.TraceFlowResponse, error) {
+func (d *openingDatapath) TraceFlow(ctx context.Context, f model.Flow) (*lbdv1.TraceFlowResponse, error) {
 	m, err := d.manager()
 	if err != nil {
 		return nil, err
 	}
-	return m.TraceFlow(ctx, r)
+	return m.TraceFlow(ctx, f)
 }
 
 // ListConnections implements api.Datapath.

@@ -46,3 +46,12 @@ type Peer struct {
 	Spec *lbdv1.BgpPeer
 	Addr netip.Addr
 }
+
+// Flow is one flow to run through the datapath (TraceFlow), as the API parsed it.
+type Flow struct {
+	Src, Dst netip.AddrPort
+	Protocol lbdv1.Protocol
+	// QUICDestinationConnectionID, when set, makes the traced packet a QUIC short-header
+	// packet with this destination connection ID.
+	QUICDestinationConnectionID []byte
+}
