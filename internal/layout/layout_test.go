@@ -59,6 +59,16 @@ var rules = []rule{
 		why: "the datapath manager is the only writer of BPF maps",
 	},
 	{
+		pkgs:        "daemon/model",
+		importsOnly: []string{"proto/..."},
+		why:         "a service as the store accepted it is plain data every part of the daemon reads",
+	},
+	{
+		pkgs:         "daemon/...",
+		neverImports: []string{"daemon/model/modeltest"},
+		why:          "in the daemon only the store's validation parses a service's addresses; modeltest is for tests below the store",
+	},
+	{
 		pkgs:         "daemon/peercred",
 		neverImports: []string{"daemon/...", "proto/..."},
 		why:          "who is at the other end of a socket is a fact of the transport, not of lbd's API",
