@@ -425,7 +425,11 @@ func fixBackend(field string, nb *lbdv1.Backend, vip netip.Addr, svc *lbdv1.Serv
 			return nil, model.Backend{}, err
 		}
 	}
-	nb.NodeAddress = node.String()
+	if node == addr {
+		nb.NodeAddress = nb.Address
+	} else {
+		nb.NodeAddress = node.String()
+	}
 	if nb.Weight == 0 {
 		nb.Weight = 1
 	}
@@ -445,14 +449,14 @@ func fixBackend(field string, nb *lbdv1.Backend, vip netip.Addr, svc *lbdv1.Serv
 // sortBackends sorts a service's backends, and their addresses with them, by address
 // and port.
 func sortBackends(svc *model.Service) {
+	if slices.IsSortedFunc(svc.Backends, func(a, b model.Backend) int { return a.Addr.Compare(b.Addr) }) {
+		return
+	}
 	idx := make([]int, len(svc.Backends))
 	for i := range idx {
 		idx[i] = i
 	}
 	slices.SortFunc(idx, func(i, j int) int { return svc.Backends[i].Addr.Compare(svc.Backends[j].Addr) })
-	if slices.IsSorted(idx) {
-		return
-	}
 	specs, addrs := slices.Clone(svc.Spec.Backends), slices.Clone(svc.Backends)
 	for to, from := range idx {
 		svc.Spec.Backends[to], svc.Backends[to] = specs[from], addrs[from]
