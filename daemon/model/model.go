@@ -1,7 +1,8 @@
 // Package model is a service as the daemon works with it once the store accepted it:
 // the API message (what the API serves, the state file and etcd keep) and the addresses
 // in it, parsed once by the store's validation. Reconciler, datapath, advertiser and
-// health checker read the typed addresses and never parse an address string again.
+// health checker read the typed addresses and never parse an address string again. BGP
+// peers and traced flows carry their addresses typed the same way.
 package model
 
 import (
@@ -10,8 +11,8 @@ import (
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 )
 
-// Service is a validated service. Nothing in it is modified once it is built: copies
-// with output-only status filled in (WithSpec) share its addresses.
+// Service is a validated service. Nothing in it is modified once the store published
+// it: copies with output-only status filled in (WithSpec) share its addresses.
 type Service struct {
 	// Spec is the normalized message: addresses in canonical form, backends sorted by
 	// address and port, defaults explicit.
