@@ -24,8 +24,10 @@
 #define LBD_NAT_TOUCH_NS LBD_NSEC_PER_SEC
 
 /* nat_val.flags */
-#define LBD_NAT_F_CLOSING 0x1 /* a FIN or RST (SCTP: ABORT, SHUTDOWN, SHUTDOWN COMPLETE)
-			       * was seen: the GC uses the short timeout */
+enum betc_nat_flag {
+	LBD_NAT_F_CLOSING = 1 << 0, /* a FIN or RST (SCTP: ABORT, SHUTDOWN, SHUTDOWN COMPLETE)
+				     * was seen: the GC uses the short timeout */
+};
 
 /* Allowed LB sources: IPv4 is stored IPv4-mapped (::ffff:a.b.c.d) with prefixlen+96,
  * so one trie serves both families. */
@@ -102,6 +104,7 @@ enum betc_default {
 struct backendtc_btf_types {
 	enum counter counter;
 	enum betc_default defaults;
+	enum betc_nat_flag nat_flag;
 };
 LBD_BTF_TYPES(backendtc_btf_types);
 

@@ -19,6 +19,12 @@ const (
 	backendtcBetcDefaultBETC_DEFAULT_NAT_SIZE backendtcBetcDefault = 262144
 )
 
+type backendtcBetcNatFlag uint32
+
+const (
+	backendtcBetcNatFlagLBD_NAT_F_CLOSING backendtcBetcNatFlag = 1
+)
+
 type backendtcConfig struct {
 	_   structs.HostLayout
 	Vni uint32

@@ -229,8 +229,8 @@ func natEntry(k backendtcNatKey, v backendtcNatVal, wall time.Time, boot time.Du
 	}
 }
 
-// natFlagClosing mirrors LBD_NAT_F_CLOSING.
-const natFlagClosing = 0x1
+// natFlagClosing is LBD_NAT_F_CLOSING (enum betc_nat_flag), as bpf2go generates it.
+const natFlagClosing = uint8(backendtcBetcNatFlagLBD_NAT_F_CLOSING)
 
 // LookupNAT returns the entry for k, or ErrNotFound.
 func (d *Datapath) LookupNAT(k NATKey) (NATEntry, error) {

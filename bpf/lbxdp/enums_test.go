@@ -25,7 +25,7 @@ func TestEnumsNamed(t *testing.T) {
 		names map[uint64]string
 		omit  []string
 	}{
-		{"lb_drop_reason", enumcheck.Table(dropNames[:]), []string{"LB_DROP_MAX"}},
+		{"lb_drop_reason", enumcheck.Table(dropNames[:]), []string{"LB_DROP_MAX", "LB_REASON_NONE"}},
 		{"lb_quic_route", enumcheck.Table(quicRouteNames[:]), []string{"LB_QUIC_MAX"}},
 		{"lb_ct_event", enumcheck.Table(ctEventNames[:ctKernelEvents]), []string{"LB_CT_EV_MAX"}},
 		{"lb_ct_state", ctStates, nil},

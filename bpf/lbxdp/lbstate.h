@@ -35,8 +35,15 @@ struct {
  * old head. A new service or size swaps the inner map. Keeping M inside the table
  * means a lookup can never pair a new size with an old table. */
 #define LB_TABLE_HALF 0x80000000u
-#define LB_TABLE_SLOTS 32
-#define LB_TABLE_IDS 16
+enum lb_table_layout {
+	LB_TABLE_SLOTS = 32,
+	LB_TABLE_IDS = 16,
+};
+/* Generated for Go by bpf2go -type (tables.go reads it). */
+struct lb_state_btf_types {
+	enum lb_table_layout table_layout;
+};
+LBD_BTF_TYPES(lb_state_btf_types);
 
 struct lb_table_head {
 	__u32 size;     /* M; LB_TABLE_HALF set: the second half is active */

@@ -49,6 +49,7 @@ enum lb_drop_reason {
 	LB_DROP_NO_SERVICE,        /* for a VIP, but no service on its port and protocol */
 	LB_DROP_EXTHDRS,           /* IPv6 to a VIP with more extension headers than lbd follows */
 	LB_DROP_MAX,
+	LB_REASON_NONE = 0xff,     /* lb_trace_meta.reason of a packet that hit no reason above */
 };
 
 /* How a packet of a QUIC service was routed (index of the per-CPU lb_quic_stats, and
@@ -67,14 +68,13 @@ enum lb_quic_route {
 
 /* lb_quic_sids: the backend of a server ID, per service. The ID fills sid[0..len),
  * zeros after. */
-#define LB_QUIC_SID_MAX 15
+enum lb_quic_sid {
+	LB_QUIC_SID_MAX = 15,
+};
 struct lb_quic_key {
 	__u32 service_id;
 	__u8 sid[16];
 };
-
-/* lb_trace_meta.reason of a packet that hit no reason above. */
-#define LB_REASON_NONE 0xff
 
 /* State of a conntrack entry, from TCP flags or SCTP chunk types; selects its
  * timeout. The LB node sees the client's packets only (replies go straight back). */
@@ -205,7 +205,9 @@ struct lb_svc_entry {
  * packet is not for a VIP without a hash map lookup; a set bit is confirmed
  * by lb_vips. The control plane sets a bit before adding the VIP and clears
  * it after removing it. */
-#define LB_VIP_FILTER_ORDER 16
+enum lb_vip_filter_order {
+	LB_VIP_FILTER_ORDER = 16,
+};
 #define LB_VIP_FILTER_BYTES (1 << (LB_VIP_FILTER_ORDER - 3))
 #define LB_VIP_FILTER_MUL 0x9e3779b1U
 struct lb_vip_bitmap {
@@ -264,7 +266,9 @@ struct lb_config {
  * BPF_PROG_TEST_RUN frame; drivers leave data_meta empty. The program writes
  * back why the packet got its verdict, so a trace reports what the datapath
  * did rather than a guess. */
-#define LB_TRACE_MAGIC 0x6c626474 /* "lbdt" */
+enum lb_trace_magic {
+	LB_TRACE_MAGIC = 0x6c626474, /* "lbdt" */
+};
 struct lb_trace_meta {
 	__u32 magic;
 	__u8 reason; /* enum lb_drop_reason, or LB_REASON_NONE */
@@ -282,7 +286,9 @@ enum lb_mon_flag {
 };
 
 /* Bytes of a packet an event carries at most. */
-#define LB_MON_SNAPLEN 128
+enum lb_mon_snaplen {
+	LB_MON_SNAPLEN = 128,
+};
 
 struct lb_mon_config {
 	__u32 flags;  /* enum lb_mon_flag; 0: off */
@@ -346,9 +352,10 @@ struct lb_clock {
 	__u32 pad;
 };
 
-/* The enums above, generated for Go by bpf2go -type (lbxdp_bpfel.go); the Go package
- * names each value in a table keyed by the generated constants, and its tests fail
- * on a value without a name. */
+/* The enums above, and the layouts of what is not a map's key or value, generated for
+ * Go by bpf2go -type (lbxdp_bpfel.go); the Go package names each value of the enums
+ * it reports in a table keyed by the generated constants, and its tests fail on a
+ * value without a name. */
 struct lb_btf_types {
 	enum lb_svc_flag svc_flag;
 	enum lb_drop_reason drop_reason;
@@ -358,6 +365,12 @@ struct lb_btf_types {
 	enum lb_ct_event ct_event;
 	enum lb_mon_flag mon_flag;
 	enum lb_default defaults;
+	enum lb_quic_sid quic_sid;
+	enum lb_trace_magic trace_magic;
+	enum lb_mon_snaplen mon_snaplen;
+	enum lb_vip_filter_order vip_filter_order;
+	struct lb_trace_meta trace_meta;
+	struct lb_mon_event mon_event;
 };
 LBD_BTF_TYPES(lb_btf_types);
 

@@ -162,6 +162,7 @@ const (
 	lbxdpLbDropReasonLB_DROP_NO_SERVICE         lbxdpLbDropReason = 11
 	lbxdpLbDropReasonLB_DROP_EXTHDRS            lbxdpLbDropReason = 12
 	lbxdpLbDropReasonLB_DROP_MAX                lbxdpLbDropReason = 13
+	lbxdpLbDropReasonLB_REASON_NONE             lbxdpLbDropReason = 255
 )
 
 type lbxdpLbMonConfig struct {
@@ -172,11 +173,29 @@ type lbxdpLbMonConfig struct {
 	Pad    uint32
 }
 
+type lbxdpLbMonEvent struct {
+	_       structs.HostLayout
+	TimeNs  uint64
+	Ifindex uint32
+	Len     uint32
+	CapLen  uint16
+	Reason  uint8
+	Verdict uint8
+	Pad     uint32
+	Data    [128]uint8
+}
+
 type lbxdpLbMonFlag uint32
 
 const (
 	lbxdpLbMonFlagLB_MON_REASONS   lbxdpLbMonFlag = 1
 	lbxdpLbMonFlagLB_MON_FORWARDED lbxdpLbMonFlag = 2
+)
+
+type lbxdpLbMonSnaplen uint32
+
+const (
+	lbxdpLbMonSnaplenLB_MON_SNAPLEN lbxdpLbMonSnaplen = 128
 )
 
 type lbxdpLbMonState struct {
@@ -205,6 +224,12 @@ const (
 	lbxdpLbQuicRouteLB_QUIC_UNKNOWN_ID lbxdpLbQuicRoute = 3
 	lbxdpLbQuicRouteLB_QUIC_MALFORMED  lbxdpLbQuicRoute = 4
 	lbxdpLbQuicRouteLB_QUIC_MAX        lbxdpLbQuicRoute = 5
+)
+
+type lbxdpLbQuicSid uint32
+
+const (
+	lbxdpLbQuicSidLB_QUIC_SID_MAX lbxdpLbQuicSid = 15
 )
 
 type lbxdpLbRoute struct {
@@ -264,6 +289,28 @@ const (
 	lbxdpLbSvcFlagLB_SVC_QUIC       lbxdpLbSvcFlag = 16
 )
 
+type lbxdpLbTableLayout uint32
+
+const (
+	lbxdpLbTableLayoutLB_TABLE_SLOTS lbxdpLbTableLayout = 32
+	lbxdpLbTableLayoutLB_TABLE_IDS   lbxdpLbTableLayout = 16
+)
+
+type lbxdpLbTraceMagic uint32
+
+const (
+	lbxdpLbTraceMagicLB_TRACE_MAGIC lbxdpLbTraceMagic = 1818387572
+)
+
+type lbxdpLbTraceMeta struct {
+	_       structs.HostLayout
+	Magic   uint32
+	Reason  uint8
+	FibRc   uint8
+	FibDone uint8
+	Quic    uint8
+}
+
 type lbxdpLbVip struct {
 	_        structs.HostLayout
 	Services uint32
@@ -277,6 +324,12 @@ type lbxdpLbVipBitmap struct {
 	_    structs.HostLayout
 	Bits [8192]uint8
 }
+
+type lbxdpLbVipFilterOrder uint32
+
+const (
+	lbxdpLbVipFilterOrderLB_VIP_FILTER_ORDER lbxdpLbVipFilterOrder = 16
+)
 
 type lbxdpLbVipKey struct {
 	_      structs.HostLayout

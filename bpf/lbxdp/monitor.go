@@ -11,8 +11,8 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 )
 
-// MonitorSnapLen is how many bytes of a packet a monitor event carries at most
-// (LB_MON_SNAPLEN).
+// MonitorSnapLen is how many bytes of a packet a monitor event carries at most:
+// LB_MON_SNAPLEN, which TestConstantsAsCompiled compares it with.
 const MonitorSnapLen = 128
 
 // Monitor flags: enum lb_mon_flag, as bpf2go generates it.
@@ -92,7 +92,8 @@ type MonitorEvent struct {
 	Verdict   Verdict
 }
 
-// monEventHeader is the head of struct lb_mon_event, before its data.
+// monEventHeader is the head of struct lb_mon_event, before its data (checked
+// against lbxdpLbMonEvent by TestConstantsAsCompiled).
 const monEventHeader = 24
 
 // ErrMonitorClosed is returned by MonitorReader.Read once the reader is closed.

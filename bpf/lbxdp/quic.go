@@ -20,7 +20,8 @@ type QUIC struct {
 	ServerIDLen uint8
 }
 
-// MaxQUICServerIDLen is the longest server ID (QUIC-LB allows 1-15 bytes).
+// MaxQUICServerIDLen is the longest server ID (QUIC-LB allows 1-15 bytes):
+// LB_QUIC_SID_MAX, which TestConstantsAsCompiled compares it with.
 const MaxQUICServerIDLen = 15
 
 // maxQUICConfigID is the highest config rotation; 0b111 marks unroutable IDs.

@@ -30,7 +30,9 @@ import (
 // in the kernel.
 const (
 	tableHalfBit = 1 << 31
-	// TableElemBytes is the size of a table map's elements.
+	// TableElemBytes is the size of a table map's elements. It and the two below are
+	// untyped, for int and uint32 arithmetic alike: TestConstantsAsCompiled compares
+	// them with the program (LB_TABLE_SLOTS, LB_TABLE_IDS, lb_tables' value size).
 	TableElemBytes = 64
 	slotsPerElem   = 32
 	idsPerElem     = 16

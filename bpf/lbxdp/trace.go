@@ -48,15 +48,16 @@ type XDPMD struct {
 	EgressIfindex  uint32
 }
 
-// traceMagic mirrors LB_TRACE_MAGIC: metadata asking for a run without side
-// effects.
-const traceMagic = 0x6c626474
+// traceMagic is LB_TRACE_MAGIC, as bpf2go generates it: metadata asking for a run
+// without side effects.
+const traceMagic = uint32(lbxdpLbTraceMagicLB_TRACE_MAGIC)
 
-// traceMetaLen is sizeof(struct lb_trace_meta).
+// traceMetaLen is sizeof(struct lb_trace_meta) (checked against lbxdpLbTraceMeta by
+// TestConstantsAsCompiled).
 const traceMetaLen = 8
 
-// reasonNone mirrors LB_REASON_NONE.
-const reasonNone = 0xff
+// reasonNone is LB_REASON_NONE (enum lb_drop_reason), as bpf2go generates it.
+const reasonNone = uint8(lbxdpLbDropReasonLB_REASON_NONE)
 
 // TraceResult is what one traced packet went through.
 type TraceResult struct {

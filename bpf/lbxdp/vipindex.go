@@ -24,7 +24,8 @@ import (
 // Both are rebuilt from lb_vips and lb_services at Load, so maps adopted from
 // an earlier version, which had neither, get them.
 
-// vipFilterOrder is log2 of the number of filter buckets (LB_VIP_FILTER_ORDER).
+// vipFilterOrder is log2 of the number of filter buckets: LB_VIP_FILTER_ORDER, which
+// TestConstantsAsCompiled compares it with.
 const vipFilterOrder = 16
 
 // vipBucket is lb_vip_bucket of lbxdp.c: the XOR of the address's 32-bit
