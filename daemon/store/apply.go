@@ -20,6 +20,10 @@ type ApplyResult struct {
 // apply makes the services of owner exactly svcs, all or nothing (ApplyServices), or
 // with plan only checks svcs and returns what it would do (PlanServices).
 func (s *Store) apply(owner string, svcs []*lbdv1.Service, plan bool, check OwnerCheck) (ApplyResult, error) {
+	return retryHeld(s, func() (ApplyResult, error) { return s.applyOnce(owner, svcs, plan, check) })
+}
+
+func (s *Store) applyOnce(owner string, svcs []*lbdv1.Service, plan bool, check OwnerCheck) (ApplyResult, error) {
 	var res ApplyResult
 	if owner != "" {
 		if err := validateName("owner", owner); err != nil {

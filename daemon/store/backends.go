@@ -74,6 +74,10 @@ func findBackend(svc *model.Service, k netip.AddrPort) int {
 
 // createBackend adds a backend to a service.
 func (s *Store) createBackend(serviceName string, in *lbdv1.Backend, check OwnerCheck) (*lbdv1.Backend, error) {
+	return retryHeld(s, func() (*lbdv1.Backend, error) { return s.createBackendOnce(serviceName, in, check) })
+}
+
+func (s *Store) createBackendOnce(serviceName string, in *lbdv1.Backend, check OwnerCheck) (*lbdv1.Backend, error) {
 	var key netip.AddrPort
 	svc, err := s.editBackends(serviceName, check, func(svc *model.Service) error {
 		b, addrs, verr := normalizeBackend("backend", in, svc.VIP, svc.Spec)
@@ -129,6 +133,10 @@ type BackendUpdate struct {
 // stored, if the backend is in one of u.FromStates (when given); the state is checked
 // and the change made in one transaction.
 func (s *Store) updateBackendFields(serviceName string, in *lbdv1.Backend, u BackendUpdate, check OwnerCheck) (*lbdv1.Backend, error) {
+	return retryHeld(s, func() (*lbdv1.Backend, error) { return s.updateBackendFieldsOnce(serviceName, in, u, check) })
+}
+
+func (s *Store) updateBackendFieldsOnce(serviceName string, in *lbdv1.Backend, u BackendUpdate, check OwnerCheck) (*lbdv1.Backend, error) {
 	if in == nil {
 		return nil, invalid("backend", "is required")
 	}

@@ -16,6 +16,9 @@ type Error struct {
 	// the error is about the request as a whole.
 	Field string
 	Msg   string
+	// retry marks a refusal that the same call may get past once the datapath has
+	// applied earlier changes (IDs held for it); the store retries it (retryHeld).
+	retry bool
 }
 
 func (e *Error) Error() string {

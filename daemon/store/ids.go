@@ -1,6 +1,13 @@
 package store
 
-import "slices"
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"google.golang.org/grpc/codes"
+)
 
 // idAlloc hands out the smallest free identifier, so datapath IDs stay dense (they index
 // BPF maps) and are reused only after their owner is gone, and, when hold is set, only
@@ -10,6 +17,8 @@ type idAlloc struct {
 	free []uint32 // released IDs below next, ascending
 	hold bool
 	held []heldID // released IDs waiting for the datapath
+	// max is the highest ID the datapath's maps hold (the limit); 0: no bound.
+	max uint32
 }
 
 // heldID is an ID released by the change with Seq seq.
@@ -21,9 +30,9 @@ type heldID struct {
 // newIDAlloc rebuilds an allocator from the IDs in use (restored state). With hold, the
 // gaps are held until the first Reconciled: a datapath left by an earlier daemon may
 // still hold entries under them.
-func newIDAlloc(used []uint32, hold bool) idAlloc {
+func newIDAlloc(used []uint32, hold bool, max uint32) idAlloc {
 	slices.Sort(used)
-	a := idAlloc{next: 1, hold: hold}
+	a := idAlloc{next: 1, hold: hold, max: max}
 	var gaps []uint32
 	for _, id := range used {
 		for ; a.next < id; a.next++ {
@@ -107,6 +116,24 @@ func (t *idTxn) get() uint32 {
 
 func (t *idTxn) put(id uint32) { t.released = append(t.released, id) }
 
+// over reports whether the transaction handed out an ID above the allocator's max.
+func (t *idTxn) over() bool { return t.a.max > 0 && t.next > t.a.next && t.next-1 > t.a.max }
+
+// check refuses a transaction that handed out an ID above max, what of the kind names.
+// When IDs released by earlier changes still wait for the datapath the refusal is
+// retryable (errIDsHeld): once they are free the change fits.
+func (t *idTxn) check(what, limit string) error {
+	if !t.over() {
+		return nil
+	}
+	if n := len(t.a.held); n > 0 {
+		return &Error{Code: codes.Unavailable, Field: limit, Msg: fmt.Sprintf(
+			"every %s ID up to the limit of %d is taken: %d of them belonged to %ss deleted by changes the datapath has not applied yet; try again in a moment",
+			what, t.a.max, n, what), retry: true}
+	}
+	return failedPrecondition(limit, "the change needs %s IDs above the limit of %d: IDs it frees are handed out again only after the datapath applied it; make the change in two steps (remove, then add)", what, t.a.max)
+}
+
 // commit makes the transaction final; its released IDs are free at once, or held until
 // the change with Seq seq is reconciled.
 func (t *idTxn) commit(seq uint64) {
@@ -118,5 +145,32 @@ func (t *idTxn) commit(seq uint64) {
 	} else if len(t.released) > 0 {
 		slices.Sort(t.released)
 		t.a.free = mergeIDs(t.a.free, t.released)
+	}
+}
+
+// heldIDWait bounds how long a change waits for IDs that the datapath still holds.
+var heldIDWait = 5 * time.Second
+
+// retryHeld runs try until it is not refused for IDs held for the datapath, waiting
+// for the datapath to apply changes (Store.Reconciled) between tries, at most
+// heldIDWait in all; then the refusal is the answer.
+func retryHeld[T any](s *Store, try func() (T, error)) (T, error) {
+	deadline := time.Now().Add(heldIDWait)
+	for {
+		s.mu.RLock()
+		reconciled := s.reconciled
+		s.mu.RUnlock()
+		v, err := try()
+		var e *Error
+		wait := time.Until(deadline)
+		if !errors.As(err, &e) || !e.retry || wait <= 0 {
+			return v, err
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-reconciled:
+		case <-timer.C:
+		}
+		timer.Stop()
 	}
 }

@@ -9,6 +9,10 @@ import (
 
 // createService adds a service.
 func (s *Store) createService(in *lbdv1.Service, check OwnerCheck) (*lbdv1.Service, error) {
+	return retryHeld(s, func() (*lbdv1.Service, error) { return s.createServiceOnce(in, check) })
+}
+
+func (s *Store) createServiceOnce(in *lbdv1.Service, check OwnerCheck) (*lbdv1.Service, error) {
 	svc, verr := normalizeService(in, s.opts.Limits)
 	if verr != nil {
 		return nil, verr
@@ -97,6 +101,10 @@ func (s *Store) ListServicesPage(owner, after string, limit int) ([]*lbdv1.Servi
 // updateService replaces a service's spec. The owner cannot change; expectedRevision, if
 // non-zero, must match the stored revision.
 func (s *Store) updateService(in *lbdv1.Service, expectedRevision uint64, check OwnerCheck) (*lbdv1.Service, error) {
+	return retryHeld(s, func() (*lbdv1.Service, error) { return s.updateServiceOnce(in, expectedRevision, check) })
+}
+
+func (s *Store) updateServiceOnce(in *lbdv1.Service, expectedRevision uint64, check OwnerCheck) (*lbdv1.Service, error) {
 	svc, verr := normalizeService(in, s.opts.Limits)
 	if verr != nil {
 		return nil, verr

@@ -215,15 +215,15 @@ func (s *Store) rebuildIDs(seq uint64) {
 			beIDs = append(beIDs, b.Id)
 		}
 	}
-	s.svcIDs = rebuiltAlloc(svcIDs, s.svcIDs.next, s.opts.HoldIDs, seq)
-	s.beIDs = rebuiltAlloc(beIDs, s.beIDs.next, s.opts.HoldIDs, seq)
+	s.svcIDs = rebuiltAlloc(svcIDs, s.svcIDs.next, s.opts.HoldIDs, seq, s.svcIDs.max)
+	s.beIDs = rebuiltAlloc(beIDs, s.beIDs.next, s.opts.HoldIDs, seq, s.beIDs.max)
 }
 
 // rebuiltAlloc is an allocator for the IDs in use; every other ID below the larger of
 // their end and prevNext (the IDs handed out so far, which the change may have
 // released) is free, or with hold held until the change with Seq seq is reconciled.
-func rebuiltAlloc(used []uint32, prevNext uint32, hold bool, seq uint64) idAlloc {
-	a := newIDAlloc(used, hold)
+func rebuiltAlloc(used []uint32, prevNext uint32, hold bool, seq uint64, max uint32) idAlloc {
+	a := newIDAlloc(used, hold, max)
 	for ; a.next < prevNext; a.next++ {
 		if hold {
 			a.held = append(a.held, heldID{id: a.next})

@@ -220,6 +220,8 @@ func (s *Store) Reconciled(seq uint64) {
 	defer s.mu.Unlock()
 	s.svcIDs.release(seq)
 	s.beIDs.release(seq)
+	close(s.reconciled) // wakes the changes waiting for held IDs (retryHeld)
+	s.reconciled = make(chan struct{})
 }
 
 // SetAdvertised records whether the BGP advertiser announces the service's VIP, and

@@ -123,6 +123,7 @@ type Store struct {
 	tableBytesKnown bool
 	svcIDs          idAlloc
 	beIDs           idAlloc
+	reconciled      chan struct{} // closed and replaced at each Reconciled
 	status          map[string]*serviceRuntime
 	nodes           map[netip.Addr]NodeReach // what this LB node knows of each backend node's reachability
 	// byNode holds, for each backend node, the services with backends on it (and how
@@ -160,14 +161,15 @@ func Open(opts Options) (*Store, error) {
 		return nil, fmt.Errorf("invalid limits: %w", err)
 	}
 	s := &Store{
-		opts:      opts,
-		log:       opts.Logger,
-		services:  map[string]*model.Service{},
-		frontends: map[frontendKey]string{},
-		peers:     map[netip.Addr]*lbdv1.BgpPeer{},
-		byNode:    map[netip.Addr]map[string]int{},
-		status:    map[string]*serviceRuntime{},
-		listeners: map[int]Listener{},
+		opts:       opts,
+		log:        opts.Logger,
+		services:   map[string]*model.Service{},
+		frontends:  map[frontendKey]string{},
+		peers:      map[netip.Addr]*lbdv1.BgpPeer{},
+		byNode:     map[netip.Addr]map[string]int{},
+		status:     map[string]*serviceRuntime{},
+		listeners:  map[int]Listener{},
+		reconciled: make(chan struct{}),
 	}
 	if s.log == nil {
 		s.log = hclog.NewNullLogger()
@@ -284,7 +286,8 @@ func (s *Store) restore(st *statev1.State) error {
 		s.peers[addr] = p
 	}
 	s.drained = st.NodeDrained
-	s.svcIDs, s.beIDs = newIDAlloc(svcIDs, s.opts.HoldIDs), newIDAlloc(beIDs, s.opts.HoldIDs)
+	s.svcIDs = newIDAlloc(svcIDs, s.opts.HoldIDs, uint32(s.opts.Limits.MaxServices))
+	s.beIDs = newIDAlloc(beIDs, s.opts.HoldIDs, uint32(s.opts.Limits.MaxBackends))
 	return nil
 }
 

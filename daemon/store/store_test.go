@@ -189,7 +189,7 @@ func names(svcs []*lbdv1.Service) []string {
 }
 
 func TestIDAllocReusesLowestFreeAfterCommit(t *testing.T) {
-	a := newIDAlloc([]uint32{5, 2, 3}, false)
+	a := newIDAlloc([]uint32{5, 2, 3}, false, 0)
 	tx := a.begin()
 	got := []uint32{tx.get(), tx.get(), tx.get()}
 	tx.put(2)
@@ -217,7 +217,7 @@ func TestIDAllocReusesLowestFreeAfterCommit(t *testing.T) {
 // TestIDAllocHolds: with hold, a released ID (and, after a restore, every gap) comes
 // back only once the change that released it is reconciled.
 func TestIDAllocHolds(t *testing.T) {
-	a := newIDAlloc([]uint32{3}, true)
+	a := newIDAlloc([]uint32{3}, true, 0)
 	tx := a.begin()
 	if id := tx.get(); id != 4 {
 		t.Fatalf("gaps of a restored state handed out before the first reconcile: got %d, want 4", id)

@@ -188,6 +188,12 @@ func (t *txn) checkLimits() error {
 	if err := t.checkBackendTotal(); err != nil {
 		return err
 	}
+	if err := t.svcIDs.check("service", "max_services"); err != nil {
+		return err
+	}
+	if err := t.beIDs.check("backend", "max_backends"); err != nil {
+		return err
+	}
 	return t.checkMemory()
 }
 
