@@ -2,7 +2,11 @@
 
 package backendtc
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/lbd-dev/lbd/internal/enumcheck"
+)
 
 // The NAT table's size compiled into the program is the Go default.
 func TestDefaultsCompiledIn(t *testing.T) {
@@ -14,9 +18,7 @@ func TestDefaultsCompiledIn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, m := range compiled.Maps {
-		if got, want := sized.Maps[name].MaxEntries, m.MaxEntries; got != want {
-			t.Errorf("map %s: %d entries with the Go defaults, %d compiled in", name, got, want)
-		}
+	if err := enumcheck.MapSizes(compiled, sized); err != nil {
+		t.Error(err)
 	}
 }

@@ -2,7 +2,11 @@
 
 package socklb
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/lbd-dev/lbd/internal/enumcheck"
+)
 
 // The sizes compiled into the programs are the Go defaults: a map whose C size is
 // written apart from enum sk_default (or a default Go no longer applies to it) fails.
@@ -15,9 +19,7 @@ func TestDefaultsCompiledIn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, m := range compiled.Maps {
-		if got, want := sized.Maps[name].MaxEntries, m.MaxEntries; got != want {
-			t.Errorf("map %s: %d entries with the Go defaults, %d compiled in", name, got, want)
-		}
+	if err := enumcheck.MapSizes(compiled, sized); err != nil {
+		t.Error(err)
 	}
 }

@@ -1,17 +1,38 @@
-// Package enumcheck compares an enum of a BPF object's BTF with the names the Go side
-// gives its values. bpf2go generates the values; the names (of reasons, counters,
-// states in statistics and metrics) are Go's own, and this is what tells a value the
-// C side added, and Go did not name, from one both know.
+// Package enumcheck checks that a BPF object and the Go side that loads it agree on
+// what both state: an enum of the object's BTF against the names Go gives its values
+// (bpf2go generates the values; the names of reasons, counters and states in
+// statistics and metrics are Go's own, and this tells a value the C side added, and
+// Go did not name, from one both know), and the map sizes compiled into the object
+// against the defaults Go applies (MapSizes).
 package enumcheck
 
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
 )
+
+// MapSizes checks that every map of compiled (the object as built) has the same
+// number of entries in sized (the spec as Go sizes it when given no option): a size
+// written in C apart from the enum Go reads its defaults from, or a default Go no
+// longer applies, is an error. The error lists every mismatch.
+func MapSizes(compiled, sized *ebpf.CollectionSpec) error {
+	var errs []error
+	for _, name := range slices.Sorted(maps.Keys(compiled.Maps)) {
+		m, s := compiled.Maps[name], sized.Maps[name]
+		if s == nil {
+			errs = append(errs, fmt.Errorf("map %s: compiled in, not in the sized spec", name))
+		} else if s.MaxEntries != m.MaxEntries {
+			errs = append(errs, fmt.Errorf("map %s: %d entries with the Go defaults, %d compiled in", name, s.MaxEntries, m.MaxEntries))
+		}
+	}
+	return errors.Join(errs...)
+}
 
 // Names checks that every value of the enum called enum in spec has exactly one Go
 // name in names (keyed by value), that no two values share a name, and that every

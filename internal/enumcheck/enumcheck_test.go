@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
 )
 
@@ -62,5 +63,27 @@ func TestNames(t *testing.T) {
 	}
 	if err := Names(s, "colour", nil); err == nil || !strings.Contains(err.Error(), "enum colour") {
 		t.Errorf("Names of a missing enum: %v, want an error naming it", err)
+	}
+}
+
+func TestMapSizes(t *testing.T) {
+	spec := func(sizes map[string]uint32) *ebpf.CollectionSpec {
+		c := &ebpf.CollectionSpec{Maps: map[string]*ebpf.MapSpec{}}
+		for name, n := range sizes {
+			c.Maps[name] = &ebpf.MapSpec{Name: name, MaxEntries: n}
+		}
+		return c
+	}
+	compiled := spec(map[string]uint32{"lb_ct4": 1024, "lb_affinity": 32768})
+	if err := MapSizes(compiled, spec(map[string]uint32{"lb_ct4": 1024, "lb_affinity": 32768})); err != nil {
+		t.Fatalf("equal sizes: %v", err)
+	}
+	err := MapSizes(compiled, spec(map[string]uint32{"lb_ct4": 1024, "lb_affinity": 65536}))
+	if err == nil || err.Error() != "map lb_affinity: 65536 entries with the Go defaults, 32768 compiled in" {
+		t.Fatalf("a size Go changed alone: %v", err)
+	}
+	err = MapSizes(compiled, spec(map[string]uint32{"lb_ct4": 1024}))
+	if err == nil || !strings.Contains(err.Error(), "map lb_affinity: compiled in, not in the sized spec") {
+		t.Fatalf("a map Go does not size: %v", err)
 	}
 }
