@@ -15,6 +15,7 @@
 #include "lbd_net.h"
 #include "lbd_csum.h"
 #include "wire.h"
+#include "lbd_monitor.h"
 #include "backendtc.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
@@ -30,10 +31,41 @@ LBD_INLINE void count(__u32 reason)
 		*v += 1;
 }
 
-LBD_INLINE int drop(__u32 reason)
+/* Report a dropped packet, as it is at the drop, to `lbctl monitor` (lbd_monitor.h).
+ * A global function: the verifier checks it once, not once per drop. */
+__attribute__((noinline)) int be_monitor(struct __sk_buff *skb, __u32 reason, __u32 hook)
+{
+	struct lbd_mon_event *ev;
+	__u32 cap;
+
+	ev = lbd_mon_reserve(skb->ifindex, skb->len, reason, LBD_TCX_DROP, hook);
+	if (!ev)
+		return 0;
+	cap = lbd_mon_caplen(skb->len);
+	if (cap == 0 || bpf_skb_load_bytes(skb, 0, ev->data, cap))
+		cap = 0;
+	ev->cap_len = cap;
+	bpf_ringbuf_submit(ev, 0);
+	return 0;
+}
+
+/* hook is the program's enum lbd_mon_hook. */
+LBD_INLINE int drop(struct __sk_buff *skb, __u32 hook, __u32 reason)
 {
 	count(reason);
+	if (lbd_mon.flags & LBD_MON_REASONS)
+		be_monitor(skb, reason, hook);
 	return LBD_TCX_DROP;
+}
+
+LBD_INLINE int drop_in(struct __sk_buff *skb, __u32 reason)
+{
+	return drop(skb, LBD_MON_HOOK_TC_INGRESS, reason);
+}
+
+LBD_INLINE int drop_out(struct __sk_buff *skb, __u32 reason)
+{
+	return drop(skb, LBD_MON_HOOK_TC_EGRESS, reason);
 }
 
 #include "nat.h"
@@ -159,21 +191,21 @@ int lbd_be_ingress(struct __sk_buff *skb)
 
 	/* lbd's option at lbd's VNI: ours, or a spoof of ours. */
 	if (!lb_source_allowed(skb))
-		return drop(CNT_DROP_NOT_ALLOWED);
+		return drop_in(skb, CNT_DROP_NOT_ALLOWED);
 	/* lbd sends data packets carrying an Ethernet frame, nothing else. */
 	if ((gh.flags & LBD_GENEVE_FLAG_OAM) || gh.proto != bpf_htons(LBD_GENEVE_PROTO_ETH))
-		return drop(CNT_DROP_BAD_GENEVE);
+		return drop_in(skb, CNT_DROP_BAD_GENEVE);
 	if (ret != OPT_OK)
-		return drop(ret);
+		return drop_in(skb, ret);
 	if (udp_len < sizeof(udp) + sizeof(gh) + opt_len + LBD_ETH_HLEN)
-		return drop(CNT_DROP_BAD_LEN);
+		return drop_in(skb, CNT_DROP_BAD_LEN);
 
 	in.ip_off = gen_off + sizeof(gh) + opt_len + LBD_ETH_HLEN;
 	if (bpf_skb_load_bytes(skb, in.ip_off - 2, &in.eth_proto, sizeof(in.eth_proto)) < 0)
-		return drop(CNT_DROP_BAD_LEN);
+		return drop_in(skb, CNT_DROP_BAD_LEN);
 	ret = parse_inner(skb, &in, udp_len - sizeof(udp) - sizeof(gh) - opt_len - LBD_ETH_HLEN);
 	if (ret)
-		return drop(ret);
+		return drop_in(skb, ret);
 	/* Port 0 in the option (an all-ports service) means the port is kept. */
 	if (!in.val.vip_port)
 		in.val.vip_port = in.key.backend_port;
@@ -184,9 +216,9 @@ int lbd_be_ingress(struct __sk_buff *skb)
 	decap_flags = in.val.family == LBD_FAMILY_V4 ? LBD_ADJ_ROOM_DECAP_L3_IPV4 :
 						     LBD_ADJ_ROOM_DECAP_L3_IPV6;
 	if (bpf_skb_adjust_room(skb, -(__s32)(in.ip_off - LBD_ETH_HLEN), BPF_ADJ_ROOM_MAC, decap_flags))
-		return drop(CNT_DROP_DECAP_FAILED);
+		return drop_in(skb, CNT_DROP_DECAP_FAILED);
 	if (bpf_skb_store_bytes(skb, 12, &in.eth_proto, sizeof(in.eth_proto), 0))
-		return drop(CNT_DROP_DECAP_FAILED);
+		return drop_in(skb, CNT_DROP_DECAP_FAILED);
 	count(CNT_DECAP_OK);
 
 	if (!in.has_ports) {
@@ -194,7 +226,7 @@ int lbd_be_ingress(struct __sk_buff *skb)
 		return LBD_TCX_NEXT;
 	}
 	if (nat_record(&in))
-		return drop(CNT_DROP_NAT_FAILED);
+		return drop_in(skb, CNT_DROP_NAT_FAILED);
 	return LBD_TCX_NEXT;
 }
 

@@ -56,6 +56,59 @@ const (
 	backendtcCounterCNT_MAX                   backendtcCounter = 19
 )
 
+type backendtcLbdMonConfig struct {
+	_      structs.HostLayout
+	Flags  uint32
+	Sample uint32
+	Rate   uint32
+	Pad    uint32
+}
+
+type backendtcLbdMonEvent struct {
+	_       structs.HostLayout
+	TimeNs  uint64
+	Ifindex uint32
+	Len     uint32
+	CapLen  uint16
+	Reason  uint8
+	Verdict uint8
+	Hook    uint8
+	Pad     [3]uint8
+	Data    [128]uint8
+}
+
+type backendtcLbdMonFlag uint32
+
+const (
+	backendtcLbdMonFlagLBD_MON_REASONS   backendtcLbdMonFlag = 1
+	backendtcLbdMonFlagLBD_MON_FORWARDED backendtcLbdMonFlag = 2
+)
+
+type backendtcLbdMonHook uint32
+
+const (
+	backendtcLbdMonHookLBD_MON_HOOK_XDP        backendtcLbdMonHook = 0
+	backendtcLbdMonHookLBD_MON_HOOK_TC_INGRESS backendtcLbdMonHook = 1
+	backendtcLbdMonHookLBD_MON_HOOK_TC_EGRESS  backendtcLbdMonHook = 2
+)
+
+type backendtcLbdMonSnaplen uint32
+
+const (
+	backendtcLbdMonSnaplenLBD_MON_SNAPLEN backendtcLbdMonSnaplen = 128
+)
+
+type backendtcLbdMonState struct {
+	_           structs.HostLayout
+	RefillNs    uint64
+	Tokens      uint32
+	Skipped     uint32
+	Sent        uint64
+	SampledOut  uint64
+	RateLimited uint64
+	RingFull    uint64
+}
+
 type backendtcLpmKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -91,8 +144,11 @@ const (
 	backendtcMapBetcConfig    = "betc_config"
 	backendtcMapBetcCounters  = "betc_counters"
 	backendtcMapBetcNat       = "betc_nat"
+	backendtcMapLbdMonCpu     = "lbd_mon_cpu"
+	backendtcMapLbdMonRing    = "lbd_mon_ring"
 	backendtcProgLbdBeEgress  = "lbd_be_egress"
 	backendtcProgLbdBeIngress = "lbd_be_ingress"
+	backendtcVarLbdMon        = "lbd_mon"
 )
 
 // loadBackendtc returns the embedded CollectionSpec for backendtc.
@@ -149,12 +205,15 @@ type backendtcMapSpecs struct {
 	BetcConfig   *ebpf.MapSpec `ebpf:"betc_config"`
 	BetcCounters *ebpf.MapSpec `ebpf:"betc_counters"`
 	BetcNat      *ebpf.MapSpec `ebpf:"betc_nat"`
+	LbdMonCpu    *ebpf.MapSpec `ebpf:"lbd_mon_cpu"`
+	LbdMonRing   *ebpf.MapSpec `ebpf:"lbd_mon_ring"`
 }
 
 // backendtcVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type backendtcVariableSpecs struct {
+	LbdMon *ebpf.VariableSpec `ebpf:"lbd_mon"`
 }
 
 // backendtcObjects contains all objects after they have been loaded into the kernel.
@@ -181,6 +240,8 @@ type backendtcMaps struct {
 	BetcConfig   *ebpf.Map `ebpf:"betc_config"`
 	BetcCounters *ebpf.Map `ebpf:"betc_counters"`
 	BetcNat      *ebpf.Map `ebpf:"betc_nat"`
+	LbdMonCpu    *ebpf.Map `ebpf:"lbd_mon_cpu"`
+	LbdMonRing   *ebpf.Map `ebpf:"lbd_mon_ring"`
 }
 
 func (m *backendtcMaps) Close() error {
@@ -189,6 +250,8 @@ func (m *backendtcMaps) Close() error {
 		m.BetcConfig,
 		m.BetcCounters,
 		m.BetcNat,
+		m.LbdMonCpu,
+		m.LbdMonRing,
 	)
 }
 
@@ -196,6 +259,7 @@ func (m *backendtcMaps) Close() error {
 //
 // It can be passed to loadBackendtcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type backendtcVariables struct {
+	LbdMon *ebpf.Variable `ebpf:"lbd_mon"`
 }
 
 // backendtcPrograms contains all programs after they have been loaded into the kernel.

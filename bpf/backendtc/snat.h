@@ -40,7 +40,7 @@ LBD_INLINE int snat(struct __sk_buff *skb, struct nat_key *key, __u32 ip_off,
 		struct lbd_sctp_chunkhdr ch;
 
 		if (vport != ports[0])
-			return drop(CNT_DROP_SNAT_FAILED);
+			return drop_out(skb, CNT_DROP_SNAT_FAILED);
 		if (key->family == LBD_FAMILY_V4) {
 			__be32 from, to;
 
@@ -48,9 +48,9 @@ LBD_INLINE int snat(struct __sk_buff *skb, struct nat_key *key, __u32 ip_off,
 			__builtin_memcpy(&to, vip, 4);
 			if (bpf_l3_csum_replace(skb, ip_off + offsetof(struct lbd_iphdr, check), from, to, 4) ||
 			    bpf_skb_store_bytes(skb, ip_off + offsetof(struct lbd_iphdr, saddr), &to, 4, 0))
-				return drop(CNT_DROP_SNAT_FAILED);
+				return drop_out(skb, CNT_DROP_SNAT_FAILED);
 		} else if (bpf_skb_store_bytes(skb, ip_off + offsetof(struct lbd_ipv6hdr, saddr), vip, 16, 0)) {
-			return drop(CNT_DROP_SNAT_FAILED);
+			return drop_out(skb, CNT_DROP_SNAT_FAILED);
 		}
 		if (bpf_skb_load_bytes(skb, l4_off + sizeof(struct lbd_sctphdr), &ch, sizeof(ch)) == 0)
 			ctl = ch.type;
@@ -68,7 +68,7 @@ LBD_INLINE int snat(struct __sk_buff *skb, struct nat_key *key, __u32 ip_off,
 		    bpf_l4_csum_replace(skb, csum_off, ports[0], vport, mm | 2) ||
 		    bpf_l3_csum_replace(skb, ip_off + offsetof(struct lbd_iphdr, check), from, to, 4) ||
 		    bpf_skb_store_bytes(skb, ip_off + offsetof(struct lbd_iphdr, saddr), &to, 4, 0))
-			return drop(CNT_DROP_SNAT_FAILED);
+			return drop_out(skb, CNT_DROP_SNAT_FAILED);
 	} else {
 		__s64 diff = bpf_csum_diff((__be32 *)key->backend, 16, (__be32 *)vip, 16, 0);
 
@@ -76,10 +76,10 @@ LBD_INLINE int snat(struct __sk_buff *skb, struct nat_key *key, __u32 ip_off,
 		    bpf_l4_csum_replace(skb, csum_off, 0, diff, BPF_F_PSEUDO_HDR | mm) ||
 		    bpf_l4_csum_replace(skb, csum_off, ports[0], vport, mm | 2) ||
 		    bpf_skb_store_bytes(skb, ip_off + offsetof(struct lbd_ipv6hdr, saddr), vip, 16, 0))
-			return drop(CNT_DROP_SNAT_FAILED);
+			return drop_out(skb, CNT_DROP_SNAT_FAILED);
 	}
 	if (bpf_skb_store_bytes(skb, l4_off, &vport, sizeof(vport), 0))
-		return drop(CNT_DROP_SNAT_FAILED);
+		return drop_out(skb, CNT_DROP_SNAT_FAILED);
 	if (proto == LBD_IPPROTO_TCP && bpf_skb_load_bytes(skb, l4_off + 13, &ctl, 1) < 0)
 		ctl = 0;
 	nat_touch(v, proto, ctl, bpf_ktime_get_boot_ns());
@@ -205,7 +205,7 @@ LBD_INLINE int icmp4_error(struct __sk_buff *skb, struct lbd_iphdr *ip, __u32 l4
 	vport = v->vip_port;
 
 	if (rewrite_quoted(skb, &q, vip, vport, 0))
-		return drop(CNT_DROP_SNAT_FAILED);
+		return drop_out(skb, CNT_DROP_SNAT_FAILED);
 	/* An error from a router function of this node keeps its own source. */
 	if (ip->saddr == eip.daddr) {
 		__be32 to;
@@ -214,7 +214,7 @@ LBD_INLINE int icmp4_error(struct __sk_buff *skb, struct lbd_iphdr *ip, __u32 l4
 		if (bpf_l3_csum_replace(skb, LBD_ETH_HLEN + offsetof(struct lbd_iphdr, check), ip->saddr,
 					to, 4) ||
 		    bpf_skb_store_bytes(skb, LBD_ETH_HLEN + offsetof(struct lbd_iphdr, saddr), &to, 4, 0))
-			return drop(CNT_DROP_SNAT_FAILED);
+			return drop_out(skb, CNT_DROP_SNAT_FAILED);
 	}
 	count(CNT_ICMP_TRANSLATED);
 	return LBD_TCX_NEXT;
@@ -253,7 +253,7 @@ LBD_INLINE int icmp6_error(struct __sk_buff *skb, struct lbd_ipv6hdr *ip6, __u32
 	vport = v->vip_port;
 
 	if (rewrite_quoted(skb, &q, vip, vport, 1))
-		return drop(CNT_DROP_SNAT_FAILED);
+		return drop_out(skb, CNT_DROP_SNAT_FAILED);
 	if (lbd_addr_eq(ip6->saddr, q.key.backend)) {
 		/* The source address is part of ICMPv6's pseudo-header. */
 		__s64 diff = bpf_csum_diff((__be32 *)q.key.backend, 16, (__be32 *)vip, 16, 0);
@@ -261,7 +261,7 @@ LBD_INLINE int icmp6_error(struct __sk_buff *skb, struct lbd_ipv6hdr *ip6, __u32
 		if (diff < 0 ||
 		    bpf_l4_csum_replace(skb, q.icmp_off + 2, 0, diff, BPF_F_PSEUDO_HDR) ||
 		    bpf_skb_store_bytes(skb, LBD_ETH_HLEN + offsetof(struct lbd_ipv6hdr, saddr), vip, 16, 0))
-			return drop(CNT_DROP_SNAT_FAILED);
+			return drop_out(skb, CNT_DROP_SNAT_FAILED);
 	}
 	count(CNT_ICMP_TRANSLATED);
 	return LBD_TCX_NEXT;

@@ -5,6 +5,8 @@ package lbxdp
 import (
 	"testing"
 	"unsafe"
+
+	"github.com/lbd-dev/lbd/bpf/monring"
 )
 
 // Constants Go needs untyped (they size arrays and mix with ints and uint32s) are
@@ -19,16 +21,18 @@ func TestConstantsAsCompiled(t *testing.T) {
 		{"vipFilterOrder", vipFilterOrder, uint64(lbxdpLbVipFilterOrderLB_VIP_FILTER_ORDER)},
 		{"slotsPerElem", slotsPerElem, uint64(lbxdpLbTableLayoutLB_TABLE_SLOTS)},
 		{"idsPerElem", idsPerElem, uint64(lbxdpLbTableLayoutLB_TABLE_IDS)},
-		{"MonitorSnapLen", MonitorSnapLen, uint64(lbxdpLbMonSnaplenLB_MON_SNAPLEN)},
+		{"MonitorSnapLen", MonitorSnapLen, uint64(lbxdpLbdMonSnaplenLBD_MON_SNAPLEN)},
 		{"traceMetaLen", traceMetaLen, uint64(unsafe.Sizeof(lbxdpLbTraceMeta{}))},
-		{"monEventHeader", monEventHeader, uint64(unsafe.Offsetof(lbxdpLbMonEvent{}.Data))},
+		{"monring.EventHeader", monring.EventHeader, uint64(unsafe.Offsetof(lbxdpLbdMonEvent{}.Data))},
+		{"monring.State", uint64(unsafe.Sizeof(monring.State{})), uint64(unsafe.Sizeof(lbxdpLbdMonState{}))},
+		{"monring.Config", uint64(unsafe.Sizeof(monring.Config{})), uint64(unsafe.Sizeof(lbxdpLbdMonConfig{}))},
 	} {
 		if c.goValue != c.compiled {
 			t.Errorf("%s is %d in Go, %d in the program", c.name, c.goValue, c.compiled)
 		}
 	}
-	if got, want := len(lbxdpLbMonEvent{}.Data), MonitorSnapLen; got != want {
-		t.Errorf("lb_mon_event carries %d bytes, MonitorSnapLen is %d", got, want)
+	if got, want := len(lbxdpLbdMonEvent{}.Data), MonitorSnapLen; got != want {
+		t.Errorf("lbd_mon_event carries %d bytes, MonitorSnapLen is %d", got, want)
 	}
 	spec, err := loadLbxdp()
 	if err != nil {

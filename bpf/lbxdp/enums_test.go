@@ -35,7 +35,7 @@ func TestEnumsNamed(t *testing.T) {
 			uint64(svcHashSrc): "svcHashSrc", uint64(svcDropNoBE): "svcDropNoBE", uint64(svcSrcRanges): "svcSrcRanges",
 			uint64(svcAffinity): "svcAffinity", uint64(svcQUIC): "svcQUIC",
 		}, nil},
-		{"lb_mon_flag", map[uint64]string{uint64(monReasons): "monReasons", uint64(monForwarded): "monForwarded"}, nil},
+		{"lbd_mon_flag", map[uint64]string{uint64(monReasons): "monReasons", uint64(monForwarded): "monForwarded"}, nil},
 	} {
 		if err := enumcheck.Names(spec.Types, c.enum, c.names, c.omit...); err != nil {
 			t.Error(err)

@@ -488,7 +488,7 @@ int lb_xdp(struct xdp_md *ctx)
 	verdict = lb_process(ctx, &pk);
 	if (pk.trace)
 		lb_trace_record(ctx, &pk);
-	else if (lb_mon.flags)
+	else if (lbd_mon.flags)
 		lb_monitor(ctx, pk.reason, verdict);
 	return verdict;
 }

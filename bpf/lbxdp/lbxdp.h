@@ -277,50 +277,6 @@ struct lb_trace_meta {
 	__u8 quic;     /* enum lb_quic_route */
 };
 
-/* The packet monitor (monitor.h, `lbctl monitor`). The daemon sets lb_mon while at
- * least one listener is connected and clears it when the last one leaves: with flags
- * 0 a packet pays one load and one branch. */
-enum lb_mon_flag {
-	LB_MON_REASONS = 1 << 0,   /* packets that hit a reason (drops, answers, passes) */
-	LB_MON_FORWARDED = 1 << 1, /* balanced packets (trace events) */
-};
-
-/* Bytes of a packet an event carries at most. */
-enum lb_mon_snaplen {
-	LB_MON_SNAPLEN = 128,
-};
-
-struct lb_mon_config {
-	__u32 flags;  /* enum lb_mon_flag; 0: off */
-	__u32 sample; /* report one packet in this many that qualify (0 and 1: every one) */
-	__u32 rate;   /* events a second and CPU at most, in bursts of up to as many */
-	__u32 pad;
-};
-
-/* Per CPU (map lb_mon_cpu): the sampler, the token bucket and what they held back. */
-struct lb_mon_state {
-	__u64 refill_ns; /* when tokens were last added */
-	__u32 tokens;
-	__u32 skipped;   /* qualifying packets since the last sampled one */
-	__u64 sent;
-	__u64 sampled_out;
-	__u64 rate_limited;
-	__u64 ring_full;
-};
-
-/* One record of lb_mon_ring: the packet as the program left it (a dropped one as it
- * arrived, an answered one as the answer, a forwarded one encapsulated). */
-struct lb_mon_event {
-	__u64 time_ns;    /* CLOCK_MONOTONIC */
-	__u32 ifindex;    /* ingress */
-	__u32 len;        /* bytes of the frame */
-	__u16 cap_len;    /* bytes of it in data */
-	__u8 reason;      /* enum lb_drop_reason, or LB_REASON_NONE (forwarded) */
-	__u8 verdict;     /* XDP action */
-	__u32 pad;
-	__u8 data[LB_MON_SNAPLEN];
-};
-
 /* A FIB result toward a backend's node, cached per CPU and per backend ID: a
  * FIB lookup costs about as much as the rest of the fast path. The entry is
  * used only for the node, ingress port and time it was resolved for; failures
@@ -363,14 +319,11 @@ struct lb_btf_types {
 	enum lb_ct_state ct_state;
 	enum lb_ct_flag ct_flag;
 	enum lb_ct_event ct_event;
-	enum lb_mon_flag mon_flag;
 	enum lb_default defaults;
 	enum lb_quic_sid quic_sid;
 	enum lb_trace_magic trace_magic;
-	enum lb_mon_snaplen mon_snaplen;
 	enum lb_vip_filter_order vip_filter_order;
 	struct lb_trace_meta trace_meta;
-	struct lb_mon_event mon_event;
 };
 LBD_BTF_TYPES(lb_btf_types);
 

@@ -165,50 +165,6 @@ const (
 	lbxdpLbDropReasonLB_REASON_NONE             lbxdpLbDropReason = 255
 )
 
-type lbxdpLbMonConfig struct {
-	_      structs.HostLayout
-	Flags  uint32
-	Sample uint32
-	Rate   uint32
-	Pad    uint32
-}
-
-type lbxdpLbMonEvent struct {
-	_       structs.HostLayout
-	TimeNs  uint64
-	Ifindex uint32
-	Len     uint32
-	CapLen  uint16
-	Reason  uint8
-	Verdict uint8
-	Pad     uint32
-	Data    [128]uint8
-}
-
-type lbxdpLbMonFlag uint32
-
-const (
-	lbxdpLbMonFlagLB_MON_REASONS   lbxdpLbMonFlag = 1
-	lbxdpLbMonFlagLB_MON_FORWARDED lbxdpLbMonFlag = 2
-)
-
-type lbxdpLbMonSnaplen uint32
-
-const (
-	lbxdpLbMonSnaplenLB_MON_SNAPLEN lbxdpLbMonSnaplen = 128
-)
-
-type lbxdpLbMonState struct {
-	_           structs.HostLayout
-	RefillNs    uint64
-	Tokens      uint32
-	Skipped     uint32
-	Sent        uint64
-	SampledOut  uint64
-	RateLimited uint64
-	RingFull    uint64
-}
-
 type lbxdpLbQuicKey struct {
 	_         structs.HostLayout
 	ServiceId uint32
@@ -338,6 +294,59 @@ type lbxdpLbVipKey struct {
 	Pad    [3]uint8
 }
 
+type lbxdpLbdMonConfig struct {
+	_      structs.HostLayout
+	Flags  uint32
+	Sample uint32
+	Rate   uint32
+	Pad    uint32
+}
+
+type lbxdpLbdMonEvent struct {
+	_       structs.HostLayout
+	TimeNs  uint64
+	Ifindex uint32
+	Len     uint32
+	CapLen  uint16
+	Reason  uint8
+	Verdict uint8
+	Hook    uint8
+	Pad     [3]uint8
+	Data    [128]uint8
+}
+
+type lbxdpLbdMonFlag uint32
+
+const (
+	lbxdpLbdMonFlagLBD_MON_REASONS   lbxdpLbdMonFlag = 1
+	lbxdpLbdMonFlagLBD_MON_FORWARDED lbxdpLbdMonFlag = 2
+)
+
+type lbxdpLbdMonHook uint32
+
+const (
+	lbxdpLbdMonHookLBD_MON_HOOK_XDP        lbxdpLbdMonHook = 0
+	lbxdpLbdMonHookLBD_MON_HOOK_TC_INGRESS lbxdpLbdMonHook = 1
+	lbxdpLbdMonHookLBD_MON_HOOK_TC_EGRESS  lbxdpLbdMonHook = 2
+)
+
+type lbxdpLbdMonSnaplen uint32
+
+const (
+	lbxdpLbdMonSnaplenLBD_MON_SNAPLEN lbxdpLbdMonSnaplen = 128
+)
+
+type lbxdpLbdMonState struct {
+	_           structs.HostLayout
+	RefillNs    uint64
+	Tokens      uint32
+	Skipped     uint32
+	Sent        uint64
+	SampledOut  uint64
+	RateLimited uint64
+	RingFull    uint64
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -352,8 +361,6 @@ const (
 	lbxdpMapLbCtStats   = "lb_ct_stats"
 	lbxdpMapLbDropStats = "lb_drop_stats"
 	lbxdpMapLbFibCache  = "lb_fib_cache"
-	lbxdpMapLbMonCpu    = "lb_mon_cpu"
-	lbxdpMapLbMonRing   = "lb_mon_ring"
 	lbxdpMapLbQuicSids  = "lb_quic_sids"
 	lbxdpMapLbQuicStats = "lb_quic_stats"
 	lbxdpMapLbServices  = "lb_services"
@@ -363,8 +370,10 @@ const (
 	lbxdpMapLbTables    = "lb_tables"
 	lbxdpMapLbVipFilter = "lb_vip_filter"
 	lbxdpMapLbVips      = "lb_vips"
+	lbxdpMapLbdMonCpu   = "lbd_mon_cpu"
+	lbxdpMapLbdMonRing  = "lbd_mon_ring"
 	lbxdpProgLbXdp      = "lb_xdp"
-	lbxdpVarLbMon       = "lb_mon"
+	lbxdpVarLbdMon      = "lbd_mon"
 )
 
 // loadLbxdp returns the embedded CollectionSpec for lbxdp.
@@ -426,8 +435,6 @@ type lbxdpMapSpecs struct {
 	LbCtStats   *ebpf.MapSpec `ebpf:"lb_ct_stats"`
 	LbDropStats *ebpf.MapSpec `ebpf:"lb_drop_stats"`
 	LbFibCache  *ebpf.MapSpec `ebpf:"lb_fib_cache"`
-	LbMonCpu    *ebpf.MapSpec `ebpf:"lb_mon_cpu"`
-	LbMonRing   *ebpf.MapSpec `ebpf:"lb_mon_ring"`
 	LbQuicSids  *ebpf.MapSpec `ebpf:"lb_quic_sids"`
 	LbQuicStats *ebpf.MapSpec `ebpf:"lb_quic_stats"`
 	LbServices  *ebpf.MapSpec `ebpf:"lb_services"`
@@ -437,13 +444,15 @@ type lbxdpMapSpecs struct {
 	LbTables    *ebpf.MapSpec `ebpf:"lb_tables"`
 	LbVipFilter *ebpf.MapSpec `ebpf:"lb_vip_filter"`
 	LbVips      *ebpf.MapSpec `ebpf:"lb_vips"`
+	LbdMonCpu   *ebpf.MapSpec `ebpf:"lbd_mon_cpu"`
+	LbdMonRing  *ebpf.MapSpec `ebpf:"lbd_mon_ring"`
 }
 
 // lbxdpVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type lbxdpVariableSpecs struct {
-	LbMon *ebpf.VariableSpec `ebpf:"lb_mon"`
+	LbdMon *ebpf.VariableSpec `ebpf:"lbd_mon"`
 }
 
 // lbxdpObjects contains all objects after they have been loaded into the kernel.
@@ -476,8 +485,6 @@ type lbxdpMaps struct {
 	LbCtStats   *ebpf.Map `ebpf:"lb_ct_stats"`
 	LbDropStats *ebpf.Map `ebpf:"lb_drop_stats"`
 	LbFibCache  *ebpf.Map `ebpf:"lb_fib_cache"`
-	LbMonCpu    *ebpf.Map `ebpf:"lb_mon_cpu"`
-	LbMonRing   *ebpf.Map `ebpf:"lb_mon_ring"`
 	LbQuicSids  *ebpf.Map `ebpf:"lb_quic_sids"`
 	LbQuicStats *ebpf.Map `ebpf:"lb_quic_stats"`
 	LbServices  *ebpf.Map `ebpf:"lb_services"`
@@ -487,6 +494,8 @@ type lbxdpMaps struct {
 	LbTables    *ebpf.Map `ebpf:"lb_tables"`
 	LbVipFilter *ebpf.Map `ebpf:"lb_vip_filter"`
 	LbVips      *ebpf.Map `ebpf:"lb_vips"`
+	LbdMonCpu   *ebpf.Map `ebpf:"lbd_mon_cpu"`
+	LbdMonRing  *ebpf.Map `ebpf:"lbd_mon_ring"`
 }
 
 func (m *lbxdpMaps) Close() error {
@@ -501,8 +510,6 @@ func (m *lbxdpMaps) Close() error {
 		m.LbCtStats,
 		m.LbDropStats,
 		m.LbFibCache,
-		m.LbMonCpu,
-		m.LbMonRing,
 		m.LbQuicSids,
 		m.LbQuicStats,
 		m.LbServices,
@@ -512,6 +519,8 @@ func (m *lbxdpMaps) Close() error {
 		m.LbTables,
 		m.LbVipFilter,
 		m.LbVips,
+		m.LbdMonCpu,
+		m.LbdMonRing,
 	)
 }
 
@@ -519,7 +528,7 @@ func (m *lbxdpMaps) Close() error {
 //
 // It can be passed to loadLbxdpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type lbxdpVariables struct {
-	LbMon *ebpf.Variable `ebpf:"lb_mon"`
+	LbdMon *ebpf.Variable `ebpf:"lbd_mon"`
 }
 
 // lbxdpPrograms contains all programs after they have been loaded into the kernel.

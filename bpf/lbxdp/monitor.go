@@ -3,22 +3,19 @@
 package lbxdp
 
 import (
-	"encoding/binary"
 	"errors"
-	"fmt"
 	"time"
 
-	"github.com/cilium/ebpf/ringbuf"
+	"github.com/lbd-dev/lbd/bpf/monring"
 )
 
-// MonitorSnapLen is how many bytes of a packet a monitor event carries at most:
-// LB_MON_SNAPLEN, which TestConstantsAsCompiled compares it with.
-const MonitorSnapLen = 128
+// MonitorSnapLen is how many bytes of a packet a monitor event carries at most.
+const MonitorSnapLen = monring.SnapLen
 
-// Monitor flags: enum lb_mon_flag, as bpf2go generates it.
+// Monitor flags: enum lbd_mon_flag, as bpf2go generates it.
 const (
-	monReasons   = uint32(lbxdpLbMonFlagLB_MON_REASONS)
-	monForwarded = uint32(lbxdpLbMonFlagLB_MON_FORWARDED)
+	monReasons   = uint32(lbxdpLbdMonFlagLBD_MON_REASONS)
+	monForwarded = uint32(lbxdpLbdMonFlagLBD_MON_FORWARDED)
 )
 
 // MonitorConfig says which packets the program reports to the monitor's ring buffer
@@ -38,41 +35,22 @@ type MonitorConfig struct {
 
 // SetMonitor writes the monitor's configuration; it applies from the next packet.
 func (d *Datapath) SetMonitor(c MonitorConfig) error {
-	var v lbxdpLbMonConfig
+	v := monring.Config{Sample: c.Sample, Rate: c.Rate}
 	if c.Reasons {
 		v.Flags |= monReasons
 	}
 	if c.Forwarded {
 		v.Flags |= monForwarded
 	}
-	v.Sample, v.Rate = c.Sample, c.Rate
-	if err := d.objs.LbMon.Set(v); err != nil {
-		return fmt.Errorf("set monitor config: %w", err)
-	}
-	return nil
+	return monring.Set(d.objs.LbdMon, v)
 }
 
-// MonitorCounters are the monitor's per-CPU counters, summed: events sent, and the
-// qualifying packets that were not reported because the sampler skipped them, the
-// rate limit held them back or the ring buffer was full (a reader too slow).
-type MonitorCounters struct {
-	Sent, SampledOut, RateLimited, RingFull uint64
-}
+// MonitorCounters are the monitor's per-CPU counters, summed.
+type MonitorCounters = monring.Counters
 
 // MonitorCounters reads the monitor's counters.
 func (d *Datapath) MonitorCounters() (MonitorCounters, error) {
-	var per []lbxdpLbMonState
-	if err := d.objs.LbMonCpu.Lookup(uint32(0), &per); err != nil {
-		return MonitorCounters{}, fmt.Errorf("read monitor counters: %w", err)
-	}
-	var c MonitorCounters
-	for _, p := range per {
-		c.Sent += p.Sent
-		c.SampledOut += p.SampledOut
-		c.RateLimited += p.RateLimited
-		c.RingFull += p.RingFull
-	}
-	return c, nil
+	return monring.ReadCounters(d.objs.LbdMonCpu)
 }
 
 // MonitorEvent is one packet the program reported.
@@ -92,65 +70,38 @@ type MonitorEvent struct {
 	Verdict   Verdict
 }
 
-// monEventHeader is the head of struct lb_mon_event, before its data (checked
-// against lbxdpLbMonEvent by TestConstantsAsCompiled).
-const monEventHeader = 24
-
 // ErrMonitorClosed is returned by MonitorReader.Read once the reader is closed.
-var ErrMonitorClosed = errors.New("monitor reader closed")
+var ErrMonitorClosed = monring.ErrClosed
 
 // MonitorReader reads the events of the monitor's ring buffer.
-type MonitorReader struct {
-	rd  *ringbuf.Reader
-	rec ringbuf.Record
-}
+type MonitorReader struct{ *monring.Reader }
 
 // MonitorReader opens the monitor's ring buffer. One reader at a time: events are
 // consumed by whoever reads them.
 func (d *Datapath) MonitorReader() (*MonitorReader, error) {
-	rd, err := ringbuf.NewReader(d.objs.LbMonRing)
+	r, err := monring.NewReader(d.objs.LbdMonRing)
 	if err != nil {
-		return nil, fmt.Errorf("open monitor ring buffer: %w", err)
+		return nil, err
 	}
-	return &MonitorReader{rd: rd}, nil
+	return &MonitorReader{r}, nil
 }
+
+// errNotXDP is returned for a record another hook wrote: the ring is this program's,
+// so it means the layouts disagree.
+var errNotXDP = errors.New("monitor event of another hook in lbxdp's ring")
 
 // Read waits for the next event; it returns ErrMonitorClosed once Close was called.
 func (r *MonitorReader) Read() (MonitorEvent, error) {
-	if err := r.rd.ReadInto(&r.rec); err != nil {
-		if errors.Is(err, ringbuf.ErrClosed) {
-			return MonitorEvent{}, ErrMonitorClosed
-		}
-		return MonitorEvent{}, fmt.Errorf("read monitor event: %w", err)
+	raw, err := r.Reader.Read()
+	if err != nil {
+		return MonitorEvent{}, err
 	}
-	return ParseMonitorEvent(r.rec.RawSample)
-}
-
-// Close ends the reader; a blocked Read returns.
-func (r *MonitorReader) Close() error { return r.rd.Close() }
-
-// ParseMonitorEvent decodes one record of the ring buffer (struct lb_mon_event).
-func ParseMonitorEvent(b []byte) (MonitorEvent, error) {
-	if len(b) < monEventHeader {
-		return MonitorEvent{}, fmt.Errorf("monitor event of %d bytes: want at least %d", len(b), monEventHeader)
+	if raw.Hook != uint8(lbxdpLbdMonHookLBD_MON_HOOK_XDP) {
+		return MonitorEvent{}, errNotXDP
 	}
-	e := MonitorEvent{
-		Time:    time.Duration(binary.NativeEndian.Uint64(b[0:])),
-		Ifindex: int(binary.NativeEndian.Uint32(b[8:])),
-		Len:     int(binary.NativeEndian.Uint32(b[12:])),
-		Verdict: Verdict(b[19]),
-	}
-	capLen := int(binary.NativeEndian.Uint16(b[16:]))
-	if capLen > MonitorSnapLen || monEventHeader+capLen > len(b) {
-		return MonitorEvent{}, fmt.Errorf("monitor event: %d captured bytes in a record of %d", capLen, len(b))
-	}
-	e.Data = append([]byte(nil), b[monEventHeader:monEventHeader+capLen]...)
-	if b[18] != reasonNone {
-		e.Reason, e.HasReason = DropReason(b[18]), true
+	e := MonitorEvent{Time: raw.Time, Ifindex: raw.Ifindex, Len: raw.Len, Data: raw.Data, Verdict: Verdict(raw.Verdict)}
+	if raw.Reason != reasonNone {
+		e.Reason, e.HasReason = DropReason(raw.Reason), true
 	}
 	return e, nil
 }
-
-// SetDeadline makes a blocked Read return os.ErrDeadlineExceeded at t; the zero time
-// waits for ever.
-func (r *MonitorReader) SetDeadline(t time.Time) { r.rd.SetDeadline(t) }
