@@ -125,7 +125,48 @@ func TestMonitor(t *testing.T) {
 		!backends[ev.GetBackendAddress()] || ev.GetBackendPort() != httpPort {
 		t.Errorf("forwarded event %v: want a TCP packet of %v to %v (service web) sent to a backend's port %d", ev, client4, webVIP, httpPort)
 	}
-	if ev.GetVerdict() != "XDP_TX" && ev.GetVerdict() != "XDP_REDIRECT" {
-		t.Errorf("forwarded event with verdict %s", ev.GetVerdict())
+	if ev.GetVerdict() != "XDP_TX" && ev.GetVerdict() != "XDP_REDIRECT" || ev.GetHook() != "xdp" {
+		t.Errorf("forwarded event with verdict %s, hook %q; want XDP_TX or XDP_REDIRECT by xdp", ev.GetVerdict(), ev.GetHook())
+	}
+}
+
+// TestMonitorBackendNode: on a backend node, while `lbctl monitor -w FILE` runs, a
+// Geneve packet from an LB node that carries lbd's DSR option in a control (OAM)
+// packet is dropped by the node's TC ingress program and printed with that program's
+// reason (as lbd_datapath_packets_total names it), its hook and interface, and the
+// flow decoded from the inner packet and the option; tshark reads it back from the
+// pcap file. The well-formed traffic the node decapsulates meanwhile is not reported.
+func TestMonitorBackendNode(t *testing.T) {
+	requireEnv(t, "tshark")
+	tb := newLB(t, options{})
+	lb, be := tb.lbs[0], tb.backends[0]
+	pcap := filepath.Join(tb.dir, "monitor-backend.pcap")
+	mon := tb.startMonitor(t, be, "lbctl-monitor-backend", "-w", pcap, "--count", "1")
+
+	// Traffic the backend nodes decapsulate: no event.
+	tb.getMany(t, webVIP, 10)
+	// Straight from the LB node's uplink, as its XDP program would send it.
+	inner := pktgen.Packet{Src: client4, Dst: be.addr4, SrcPort: 40011, DstPort: httpPort, Proto: pktgen.ProtoTCP,
+		Flags: pktgen.SYN}.IP()
+	oam := pktgen.Geneve{Outer: pktgen.Packet{SrcMAC: lb.mac, DstMAC: be.mac, Src: lb.addr4, Dst: be.addr4},
+		VNI: 2, Options: []pktgen.GeneveOption{pktgen.DSROption(webVIP)}, OAM: true}.Frame(inner)
+	fd := lb.ns.PacketSocket(t, lb.ifc)
+	if _, err := unix.Write(fd, oam); err != nil {
+		t.Fatalf("send frame: %v", err)
+	}
+	waitExit(t, mon, 10*time.Second)
+	out := mon.OwnLog()
+	t.Logf("lbctl monitor printed:\n%s", out)
+	want := fmt.Sprintf("  backend_drop_bad_geneve  TCX_DROP  tc-ingress %s  tcp %s:40011 > %s  backend %s:%d  %d bytes",
+		be.ifc, client4, webVIP, be.addr4, httpPort, len(oam))
+	if !strings.Contains(out, want) {
+		t.Errorf("lbctl monitor did not print %q", want)
+	}
+
+	got := strings.TrimSpace(testnet.Run(t, "tshark", "-r", pcap, "-T", "fields", "-E", "separator=|",
+		"-e", "frame.len", "-e", "frame.cap_len", "-e", "ip.src", "-e", "ip.dst", "-e", "geneve.vni", "-e", "tcp.srcport"))
+	wantPcap := fmt.Sprintf("%d|%d|%s,%s|%s,%s|0x000002|40011", len(oam), len(oam), lb.addr4, client4, be.addr4, be.addr4)
+	if got != wantPcap {
+		t.Errorf("tshark read %q from the pcap, want %q", got, wantPcap)
 	}
 }

@@ -37,13 +37,17 @@ func (a *app) monitorCommand() *cobra.Command {
 an ICMP error) or hands to the kernel, with the reason it gives for them (the reasons of
 lbd_datapath_packets_total and lbctl trace), its verdict, the interface, and the client's
 flow decoded from the packet's first bytes. With --forwarded, packets it balances to a
-backend too (reason "forwarded"). The datapath samples and rate-limits what it reports
-(datapath.monitor in lbd's configuration), and reports nothing while no monitor runs.
-A monitor that cannot keep up loses events and says how many.
+backend too (reason "forwarded"). On a backend node, the packets its TC programs drop
+(reasons backend_drop_bad_geneve, backend_drop_malformed_option, ..., as
+lbd_datapath_packets_total names them; verdict TCX_DROP), with the hook that dropped
+them: tc-ingress (Geneve from an LB node) or tc-egress (a backend's reply). The datapath
+samples and rate-limits what it reports (datapath.monitor in lbd's configuration), and
+reports nothing while no monitor runs. A monitor that cannot keep up loses events and
+says how many.
 
 With -w FILE, the packets are also written to FILE in pcap format (their first 128
 bytes, as the datapath left them: a dropped packet as it arrived, an answer as sent, a
-forwarded packet encapsulated), for tshark, tcpdump or Wireshark.
+forwarded packet encapsulated, a backend node's drop as it was when dropped), for tshark, tcpdump or Wireshark.
 
 It runs until interrupted, until --count events, or until --timeout if one is given.
 Needs the operator or admin role: the packets are clients' traffic.`,
@@ -51,9 +55,9 @@ Needs the operator or admin role: the packets are clients' traffic.`,
 			"  lbctl monitor --reason malformed --reason no_service -w drops.pcap\n  lbctl monitor --forwarded --count 10 -o json",
 		Args: exactArgs(),
 	}
-	cmd.Flags().StringSliceVar(&req.Reasons, "reason", nil, "only packets with this reason (malformed, no_service, ..., forwarded); repeat or separate with commas")
+	cmd.Flags().StringSliceVar(&req.Reasons, "reason", nil, "only packets with this reason (malformed, no_service, ..., forwarded; backend_drop_bad_geneve, ... on a backend node); repeat or separate with commas")
 	cmd.Flags().StringSliceVar(&req.Services, "service", nil, "only packets for this service (a name or a pattern with *); repeat or separate with commas")
-	cmd.Flags().BoolVar(&req.DropsOnly, "drops-only", false, "only packets the datapath dropped (verdict XDP_DROP)")
+	cmd.Flags().BoolVar(&req.DropsOnly, "drops-only", false, "only packets the datapath dropped (verdict XDP_DROP or TCX_DROP)")
 	cmd.Flags().BoolVar(&req.Forwarded, "forwarded", false, "also packets the datapath balanced to a backend")
 	cmd.Flags().StringVarP(&write, "write", "w", "", "also write the packets to this pcap file (replaced if it exists)")
 	cmd.Flags().IntVar(&count, "count", 0, "stop after this many events (0: no limit)")
@@ -127,6 +131,10 @@ func (a *app) monitor(ctx context.Context, req *lbdv1.MonitorDatapathRequest, fi
 // writeMonitorEvent prints an event on one line:
 //
 //	15:04:05.000000  no_service  XDP_DROP  eth0  tcp 198.51.100.7:40000 > 203.0.113.10:8080  74 bytes
+//
+// A backend node's TC programs name their hook before the interface:
+//
+//	15:04:05.000000  backend_drop_bad_geneve  TCX_DROP  tc-ingress eth0  tcp 198.51.100.7:40000 > 203.0.113.10:80  backend 198.18.1.2:8080  124 bytes
 func writeMonitorEvent(w io.Writer, r *lbdv1.MonitorDatapathResponse) {
 	if r.GetLostEvents() > 0 {
 		fmt.Fprintf(w, "(%d events lost: this monitor did not read them fast enough)\n", r.GetLostEvents())
@@ -135,6 +143,9 @@ func writeMonitorEvent(w io.Writer, r *lbdv1.MonitorDatapathResponse) {
 	iface := e.GetInterface()
 	if iface == "" {
 		iface = "-"
+	}
+	if h := e.GetHook(); h != "" && h != "xdp" {
+		iface = h + " " + iface
 	}
 	fmt.Fprintf(w, "%s  %s  %s  %s  %s", e.GetTime().AsTime().Local().Format("15:04:05.000000"), e.GetReason(), e.GetVerdict(), iface, monitorFlow(e))
 	if e.GetServiceName() != "" {
@@ -155,10 +166,16 @@ func monitorFlow(e *lbdv1.MonitorEvent) string {
 	if proto == "" {
 		proto = fmt.Sprintf("ip-proto %d", e.GetIpProtocol())
 	}
-	if p := e.GetIpProtocol(); p != 6 && p != 17 && p != 132 {
-		return fmt.Sprintf("%s %s > %s", proto, e.GetSourceAddress(), e.GetDestinationAddress())
+	ports := func(addr string, port uint32) string {
+		if addr == "" {
+			return "-"
+		}
+		if p := e.GetIpProtocol(); p != 6 && p != 17 && p != 132 {
+			return addr
+		}
+		return hostPort(addr, port)
 	}
-	return fmt.Sprintf("%s %s > %s", proto, hostPort(e.GetSourceAddress(), e.GetSourcePort()), hostPort(e.GetDestinationAddress(), e.GetDestinationPort()))
+	return fmt.Sprintf("%s %s > %s", proto, ports(e.GetSourceAddress(), e.GetSourcePort()), ports(e.GetDestinationAddress(), e.GetDestinationPort()))
 }
 
 func hostPort(addr string, port uint32) string {

@@ -82,7 +82,7 @@ func (m *Manager) stats(sel servicematch.Set, order countersOrder, limit int, ba
 			return nil, status.Errorf(codes.Internal, "read counters: %v", err)
 		}
 		for _, c := range backendtc.AllCounters() {
-			resp.Reasons = append(resp.Reasons, &lbdv1.Counter{Name: "backend_" + c.String(), Packets: cs[c]})
+			resp.Reasons = append(resp.Reasons, &lbdv1.Counter{Name: backendReason(c), Packets: cs[c]})
 		}
 	}
 	if err := m.socketCounters(resp); err != nil {

@@ -207,8 +207,8 @@ func run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 	if withDatapath {
 		apiOpts.Datapath = dp
 	}
-	if dcfg.LB {
-		apiOpts.Monitor = monitor.New(dp, monitor.Options{Reasons: datapath.MonitorReasons(), Logger: log.Named("monitor")})
+	if dcfg.LB || dcfg.Backend {
+		apiOpts.Monitor = monitor.New(dp, monitor.Options{Reasons: datapath.MonitorReasons(dcfg.LB, dcfg.Backend), Logger: log.Named("monitor")})
 	}
 	sec, err := newSecurity(cfg.API, st, met, log)
 	if err != nil {

@@ -1,5 +1,6 @@
-// Package monitor hands the packets the LB datapath reports (drops, answers, passes
-// and, when asked, forwarded packets) to the listeners of `lbctl monitor`. The kernel
+// Package monitor hands the packets the datapath reports (on an LB node drops, answers,
+// passes and, when asked, forwarded packets; on a backend node drops) to the listeners
+// of `lbctl monitor`. The kernel
 // side reports nothing while no one listens: the hub turns it on with the first listener
 // and off with the last. One goroutine reads the datapath's ring buffer and offers each
 // event to every listener whose filter takes it; a listener that does not keep up loses
@@ -98,7 +99,8 @@ type Filter struct {
 	Reasons []string
 	// Services, if not empty, selects events by the service they are for.
 	Services servicematch.Set
-	// DropsOnly leaves out everything but packets the datapath dropped.
+	// DropsOnly leaves out everything but packets the datapath dropped (XDP_DROP, or
+	// TCX_DROP on a backend node).
 	DropsOnly bool
 	// Forwarded asks for balanced packets too.
 	Forwarded bool
@@ -111,7 +113,7 @@ func (f *Filter) match(ev *lbdv1.MonitorEvent) bool {
 	if len(f.Reasons) > 0 && !slices.Contains(f.Reasons, ev.Reason) {
 		return false
 	}
-	if f.DropsOnly && ev.Verdict != "XDP_DROP" {
+	if f.DropsOnly && ev.Verdict != "XDP_DROP" && ev.Verdict != "TCX_DROP" {
 		return false
 	}
 	return f.Services.Empty() || (ev.ServiceName != "" && f.Services.Match(ev.ServiceName))

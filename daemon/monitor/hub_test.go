@@ -156,3 +156,21 @@ func TestHub(t *testing.T) {
 		t.Errorf("the stream was opened %d times, want 2", src.opens)
 	}
 }
+
+// TestDropsOnly: drops are the XDP program's and the backend node's TC programs'.
+func TestDropsOnly(t *testing.T) {
+	f := Filter{DropsOnly: true}
+	for _, c := range []struct {
+		reason, verdict string
+		want            bool
+	}{
+		{"malformed", "XDP_DROP", true},
+		{"backend_drop_bad_geneve", "TCX_DROP", true},
+		{"rejected", "XDP_TX", false},
+		{"needs_neighbour", "XDP_PASS", false},
+	} {
+		if got := f.match(event(c.reason, c.verdict, "")); got != c.want {
+			t.Errorf("%s %s: drops-only takes it %v, want %v", c.reason, c.verdict, got, c.want)
+		}
+	}
+}

@@ -568,19 +568,26 @@ func (x *EventCounter) GetCount() uint64 {
 	return 0
 }
 
-// MonitorEvent is one packet the LB datapath reported to MonitorDatapath.
+// MonitorEvent is one packet the datapath reported to MonitorDatapath: the LB node's
+// XDP program (hook "xdp") or the backend node's TC programs ("tc-ingress",
+// "tc-egress").
 type MonitorEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// When the datapath handled it.
 	Time *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=time,proto3" json:"time,omitempty"`
-	// Why it left the forwarding path, as lbd_datapath_packets_total{reason} and lbctl
-	// trace name it (malformed, no_service, rejected, ...); "forwarded" for a packet the
-	// datapath balanced.
+	// Why it left the forwarding path. From the XDP program, as
+	// lbd_datapath_packets_total{reason} and lbctl trace name it (malformed, no_service,
+	// rejected, ...), or "forwarded" for a packet it balanced; from the TC programs, the
+	// drop as lbd_datapath_packets_total{reason} names it on a backend node
+	// (backend_drop_bad_geneve, backend_drop_malformed_option, backend_drop_snat_failed,
+	// ...).
 	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
 	// What the datapath did with it: XDP_DROP, XDP_TX (an answer, or forwarded out of the
-	// interface it came in by), XDP_REDIRECT (forwarded) or XDP_PASS (to the kernel).
+	// interface it came in by), XDP_REDIRECT (forwarded) or XDP_PASS (to the kernel);
+	// TCX_DROP for a packet a TC program dropped.
 	Verdict string `protobuf:"bytes,3,opt,name=verdict,proto3" json:"verdict,omitempty"`
-	// The interface it arrived on.
+	// The interface of the hook: the one the packet arrived on (xdp, tc-ingress) or was
+	// leaving by (tc-egress).
 	Interface string `protobuf:"bytes,4,opt,name=interface,proto3" json:"interface,omitempty"`
 	// The client's flow, decoded from the packet's bytes (from the inner packet and the
 	// DSR option of an encapsulated one, from the original of an answer): empty where the
@@ -599,8 +606,11 @@ type MonitorEvent struct {
 	// The frame's length in bytes, and its first bytes (at most 128), Ethernet header
 	// first, as the datapath left it: a dropped packet as it arrived, an answered one as
 	// the answer sent back (a TCP reset, an ICMP error), a forwarded one encapsulated.
-	Length        uint32 `protobuf:"varint,13,opt,name=length,proto3" json:"length,omitempty"`
-	Data          []byte `protobuf:"bytes,14,opt,name=data,proto3" json:"data,omitempty"`
+	Length uint32 `protobuf:"varint,13,opt,name=length,proto3" json:"length,omitempty"`
+	Data   []byte `protobuf:"bytes,14,opt,name=data,proto3" json:"data,omitempty"`
+	// The program that reported it: "xdp" (an LB node), "tc-ingress" or "tc-egress" (a
+	// backend node).
+	Hook          string `protobuf:"bytes,15,opt,name=hook,proto3" json:"hook,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -733,6 +743,13 @@ func (x *MonitorEvent) GetData() []byte {
 	return nil
 }
 
+func (x *MonitorEvent) GetHook() string {
+	if x != nil {
+		return x.Hook
+	}
+	return ""
+}
+
 var File_lbd_v1_datapath_proto protoreflect.FileDescriptor
 
 const file_lbd_v1_datapath_proto_rawDesc = "" +
@@ -778,7 +795,7 @@ const file_lbd_v1_datapath_proto_rawDesc = "" +
 	"\tnew_flows\x18\x05 \x01(\x04R\bnewFlows\"8\n" +
 	"\fEventCounter\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
-	"\x05count\x18\x02 \x01(\x04R\x05count\"\xee\x03\n" +
+	"\x05count\x18\x02 \x01(\x04R\x05count\"\x82\x04\n" +
 	"\fMonitorEvent\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x18\n" +
@@ -796,7 +813,8 @@ const file_lbd_v1_datapath_proto_rawDesc = "" +
 	"\x0fbackend_address\x18\v \x01(\tR\x0ebackendAddress\x12!\n" +
 	"\fbackend_port\x18\f \x01(\rR\vbackendPort\x12\x16\n" +
 	"\x06length\x18\r \x01(\rR\x06length\x12\x12\n" +
-	"\x04data\x18\x0e \x01(\fR\x04data*\x8a\x01\n" +
+	"\x04data\x18\x0e \x01(\fR\x04data\x12\x12\n" +
+	"\x04hook\x18\x0f \x01(\tR\x04hook*\x8a\x01\n" +
 	"\n" +
 	"StatsOrder\x12\x1b\n" +
 	"\x17STATS_ORDER_UNSPECIFIED\x10\x00\x12\x14\n" +
