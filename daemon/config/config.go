@@ -123,7 +123,8 @@ type Datapath struct {
 	// SocketLB translates the connections of local processes to services at the socket,
 	// on any node (any role, or none): their first packet already goes to a backend.
 	SocketLB SocketLB `json:"socket_lb"`
-	// Monitor bounds what the LB datapath reports to `lbctl monitor` while one listens.
+	// Monitor bounds what the datapath (an LB node's XDP program, a backend node's TC
+	// programs) reports to `lbctl monitor` while one listens.
 	Monitor Monitor `json:"monitor"`
 	// VerifyInterval is how often lbd reads its maps and attachments back, compares
 	// them with the desired state and repairs what differs (also `lbctl node verify`).
@@ -199,9 +200,10 @@ type SocketLB struct {
 	Translations uint32 `json:"translations"`
 }
 
-// Monitor limits the packet monitor (`lbctl monitor`, the MonitorDatapath call). The LB
+// Monitor limits the packet monitor (`lbctl monitor`, the MonitorDatapath call). The
 // datapath reports nothing while no one listens; while someone does, each CPU reports
-// one packet in Sample of those a listener may want, and at most Rate a second.
+// one packet in Sample of those a listener may want, and at most Rate a second (on a
+// node with both roles, the XDP and the TC programs each as much).
 type Monitor struct {
 	// Sample reports one packet in this many (1: every one).
 	Sample uint32 `json:"sample"`
