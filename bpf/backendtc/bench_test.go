@@ -85,6 +85,23 @@ func BenchmarkIngress(b *testing.B) {
 		plain := pktgen.Packet{SrcMAC: lbMAC, DstMAC: nodeMAC}.Wrap(tcpSyn.request())
 		benchPackets(b, d.IngressProgram(), plain, verdictNext, nil)
 	})
+	// lbd's option in a Geneve control packet: dropped (CounterDropBadGeneve), with
+	// the monitor off as loaded, then while `lbctl monitor` listens and nobody reads:
+	// a second's worth of events, then each drop is held back by the rate limit (or
+	// the full ring).
+	oam := v4Encap(pktgen.DSROption(vipV4))
+	oam.OAM = true
+	bad := oam.Frame(tcpSyn.request())
+	b.Run("bad-geneve-drop", func(b *testing.B) {
+		benchPackets(b, d.IngressProgram(), bad, verdictDrop, nil)
+	})
+	b.Run("bad-geneve-drop-monitored", func(b *testing.B) {
+		if err := d.SetMonitor(MonitorConfig{Drops: true, Rate: 1000}); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { d.SetMonitor(MonitorConfig{}) })
+		benchPackets(b, d.IngressProgram(), bad, verdictDrop, nil)
+	})
 }
 
 func BenchmarkEgress(b *testing.B) {
