@@ -103,8 +103,10 @@ func (a *app) monitor(ctx context.Context, req *lbdv1.MonitorDatapathRequest, fi
 		case err == nil:
 		case errors.Is(err, io.EOF):
 			return status.Error(codes.Unavailable, "lbd ended the monitor")
-		case ctx.Err() != nil && (status.Code(err) == codes.Canceled || status.Code(err) == codes.DeadlineExceeded):
-			// Interrupted, or the explicit --timeout passed: a normal end.
+		case ctx.Err() != nil && status.Code(err) == codes.Canceled,
+			status.Code(err) == codes.DeadlineExceeded && hasDeadline(ctx):
+			// Interrupted, or the explicit --timeout passed: a normal end. lbd, which was
+			// told the deadline, may end the stream a moment before ctx itself expires.
 			return pcap.close()
 		default:
 			return err
