@@ -48,6 +48,8 @@ func runTests(m *testing.M) int {
 	}
 	cmd := exec.Command("go", "build", "-o", dir+string(filepath.Separator), "./cmd/lbd", "./cmd/lbd-k8s-adapter", "./cmd/lbctl")
 	cmd.Dir = root
+	// Static, as the release builds them: TestSystemdUnits runs lbd chrooted.
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build lbd, lbd-k8s-adapter and lbctl: %v\n%s", err, out)
 		return 1
@@ -173,16 +175,18 @@ func TestSystemdUnits(t *testing.T) {
 					t.Errorf("StateDirectory gives %s, lbd's state_dir is %s", got, def.StateDir)
 				}
 			}
+			// A backend node's file is the package's default (an LB node's has BGP), read
+			// in a root where the package's files and users are.
+			chroot := ""
+			if name == "lbd-backend.service" {
+				chroot = packageRoot(t)
+			}
 			for i, a := range args[1:] {
-				if f, ok := hostFiles[a]; ok {
+				if f, ok := hostFiles[a]; ok && chroot == "" {
 					args[i+1] = f
 				}
-				// A backend node's file is the package's default (an LB node's has BGP).
-				if a == "/etc/lbd/lbd.yaml" && name == "lbd-backend.service" {
-					args[i+1] = path("examples", "packaging", "lbd.yaml")
-				}
 			}
-			runExecStart(t, bin, args[1:])
+			runExecStart(t, bin, args[1:], chroot)
 			verifyUnit(t, file)
 		})
 	}
@@ -206,12 +210,49 @@ func adapterConfig(t *testing.T) string {
 	return ""
 }
 
-func runExecStart(t *testing.T, bin string, args []string) {
+// packageRoot returns a directory shaped like a node where the lbd package is installed
+// (.goreleaser.yaml), for lbd run chrooted into it: lbd as /usr/local/bin/lbd, the
+// package's configuration and policy in /etc/lbd, and the users of its sysusers.d file,
+// which systemd-sysusers creates there as the package's postinst does on a node.
+func packageRoot(t *testing.T) string {
+	t.Helper()
+	sysusers := needTool(t, "systemd-sysusers")
+	r := t.TempDir()
+	for src, dst := range map[string]string{
+		filepath.Join(binDir, "lbd"):                   "usr/local/bin/lbd",
+		path("examples", "packaging", "lbd.yaml"):      "etc/lbd/lbd.yaml",
+		path("examples", "packaging", "policy.yaml"):   "etc/lbd/policy.yaml",
+		path("examples", "packaging", "sysusers.conf"): "usr/lib/sysusers.d/lbd.conf",
+	} {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Join(r, filepath.Dir(dst)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(r, dst), b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out, err := exec.Command(sysusers, "--root="+r, "lbd.conf").CombinedOutput(); err != nil {
+		t.Fatalf("systemd-sysusers --root %s lbd.conf: %v\n%s", r, err, out)
+	}
+	return r
+}
+
+// runExecStart runs a unit's command line with the binaries built from this tree, in
+// chroot when it is not empty (lbd only).
+func runExecStart(t *testing.T, bin string, args []string, chroot string) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
 	if bin == "lbd" {
+		argv := []string{filepath.Join(binDir, bin)}
+		if chroot != "" {
+			argv = []string{"chroot", chroot, "/usr/local/bin/lbd"}
+		}
 		// --check-config checks the host too: run it on one shaped like the examples' (eth0).
-		cmd := testnet.HostNS(t).Command(append([]string{filepath.Join(binDir, bin)}, append(args, "--check-config")...)...)
+		cmd := testnet.HostNS(t).Command(append(argv, append(args, "--check-config")...)...)
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 		if err := cmd.Run(); err != nil || !strings.Contains(stdout.String(), "configuration is valid") {
 			t.Fatalf("lbd %s --check-config: %v\n%s%s", strings.Join(args, " "), err, stdout.String(), stderr.String())

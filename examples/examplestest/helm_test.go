@@ -182,13 +182,13 @@ func TestHelmChart(t *testing.T) {
 			if err := os.WriteFile(file, []byte(lbdYAML), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			runExecStart(t, "lbd", []string{"--config", file})
+			runExecStart(t, "lbd", []string{"--config", file}, "")
 			if adapterYAML, ok := get(map[string]any(cm), "data", "k8s-adapter.yaml").(string); ok {
 				afile := filepath.Join(t.TempDir(), "k8s-adapter.yaml")
 				if err := os.WriteFile(afile, []byte(adapterYAML), 0o600); err != nil {
 					t.Fatal(err)
 				}
-				runExecStart(t, "lbd-k8s-adapter", []string{"--config", afile, "--kubeconfig", filepath.Join(t.TempDir(), "absent")})
+				runExecStart(t, "lbd-k8s-adapter", []string{"--config", afile, "--kubeconfig", filepath.Join(t.TempDir(), "absent")}, "")
 				checkAdapterProbes(t, containers(d)["k8s-adapter"], adapterYAML)
 			} else if ds == "lbd-lb" {
 				t.Error("ConfigMap lbd-lb has no k8s-adapter.yaml")

@@ -2,8 +2,9 @@
 // for this machine's architecture, nothing published), installs them with dpkg into a
 // throwaway root and checks what an operator gets: binaries of the built version, the
 // units (sandboxed as examples/systemd has them, pointing at /usr/bin), the default
-// configuration as a conffile that an upgrade keeps, and manual pages for every flag and
-// command. `make check-package` runs it, with the GoReleaser that `make release-tools`
+// configuration and policy as conffiles that an upgrade keeps, the adapter's user that
+// lbd's postinst creates and what it may do through the installed lbd's socket (its
+// services, no one else's), and manual pages for every flag and command. `make check-package` runs it, with the GoReleaser that `make release-tools`
 // builds; it takes minutes, so `make test` leaves it out.
 package packagetest
 
@@ -98,8 +99,12 @@ func TestDebianPackages(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(r, "var/lib/dpkg/status"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// The maintainer scripts run outside the root, as debhelper's do under DPKG_ROOT
+	// (the root holds no shell); the root has no systemd package either, which lbd's
+	// postinst needs for systemd-sysusers: the host's runs instead.
 	install := func() {
-		run(t, repo, "dpkg", "--root="+r, "--force-not-root", "-i", debs["lbd"], debs["lbd-k8s-adapter"])
+		run(t, repo, "dpkg", "--root="+r, "--force-not-root", "--force-script-chrootless", "--force-depends",
+			"-i", debs["lbd"], debs["lbd-k8s-adapter"])
 	}
 	install()
 	status := run(t, repo, "dpkg-query", "--root="+r, "-W", "-f=${Package} ${Status} ${Version}\n")
@@ -109,6 +114,11 @@ func TestDebianPackages(t *testing.T) {
 		}
 	}
 	in := func(p string) string { return filepath.Join(r, p) }
+	for pkg, want := range map[string]string{"lbd": "systemd-sysusers", "lbd-k8s-adapter": "lbd"} {
+		if deps := run(t, repo, "dpkg-deb", "-f", debs[pkg], "Depends"); !strings.Contains(deps, want) {
+			t.Errorf("%s depends on %q, want %s", pkg, deps, want)
+		}
+	}
 
 	t.Run("binaries", func(t *testing.T) {
 		if out := run(t, repo, in("usr/bin/lbd"), "--version"); out != "lbd "+version+"\n" {
@@ -150,11 +160,12 @@ func TestDebianPackages(t *testing.T) {
 			if fi, err := os.Stat(in(string(start[1]))); err != nil || fi.Mode()&0o111 == 0 {
 				t.Errorf("%s runs %s, which the packages do not install as an executable (%v)", name, start[1], err)
 			}
-			// lbd's units: the installed binary accepts the installed configuration.
+			// lbd's units: the installed binary accepts the installed configuration, in the
+			// root it is installed in (the policy file, the users the postinst created).
 			if strings.HasSuffix(string(start[1]), "/lbd") {
-				args := strings.Fields(strings.ReplaceAll(string(start[2]), "/etc/lbd/", in("etc/lbd")+"/"))
+				args := strings.Fields(string(start[2]))
 				// --check-config checks the host too: run it on one shaped like the examples' (eth0).
-				check := host.Command(append([]string{in("usr/bin/lbd")}, append(args, "--check-config")...)...)
+				check := host.Command(append([]string{"chroot", r, string(start[1])}, append(args, "--check-config")...)...)
 				if out, err := testnet.Output(check); err != nil || out != "configuration is valid\n" {
 					t.Errorf("%s: lbd %s --check-config: %q, %v", name, strings.Join(args, " "), out, err)
 				}
@@ -165,20 +176,29 @@ func TestDebianPackages(t *testing.T) {
 			}
 			if m := regexp.MustCompile(`Overall exposure level for \S+: (\S+)`).FindStringSubmatch(out); m != nil {
 				t.Logf("installed %s: exposure %s", name, m[1])
+				stated := regexp.MustCompile(`systemd-analyze security: (\d+\.\d)\)`).FindSubmatch(got)
+				if stated == nil || string(stated[1]) != m[1] {
+					t.Errorf("installed %s: systemd-analyze says exposure %s, the unit's comment does not state it as (systemd-analyze security: %s)", name, m[1], m[1])
+				}
 			} else {
 				t.Errorf("systemd-analyze security --root %s: no exposure in:\n%s", name, out)
 			}
 		}
 	})
 
+	t.Run("adapter identity", func(t *testing.T) { checkAdapterIdentity(t, r) })
+
 	t.Run("configuration", func(t *testing.T) {
 		conffiles := run(t, repo, "dpkg-query", "--root="+r, "-W", "-f=${Conffiles}", "lbd")
-		if !strings.Contains(conffiles, "/etc/lbd/lbd.yaml ") {
-			t.Errorf("/etc/lbd/lbd.yaml is not a conffile of lbd: %q", conffiles)
-		}
-		fi, err := os.Stat(in("etc/lbd/lbd.yaml"))
-		if err != nil || fi.Mode().Perm() != 0o600 {
-			t.Errorf("/etc/lbd/lbd.yaml: %v, %v; want mode 0600", fi.Mode(), err)
+		for _, f := range []string{"/etc/lbd/lbd.yaml", "/etc/lbd/policy.yaml"} {
+			if !strings.Contains(conffiles, f+" ") {
+				t.Errorf("%s is not a conffile of lbd: %q", f, conffiles)
+			}
+			if fi, err := os.Stat(in(f)); err != nil {
+				t.Error(err)
+			} else if fi.Mode().Perm() != 0o600 {
+				t.Errorf("%s: mode %v, want 0600", f, fi.Mode().Perm())
+			}
 		}
 		// An upgrade (the same package again) keeps what the operator changed.
 		edited := []byte("# edited on this node\nstate_dir: /var/lib/lbd\ndatapath: {interfaces: [ens1], lb_sources: [198.18.0.0/24]}\n")
