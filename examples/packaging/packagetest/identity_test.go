@@ -30,6 +30,9 @@ func checkAdapterIdentity(t *testing.T, r string) {
 	in := func(p string) string { return filepath.Join(r, p) }
 	lb := unitSettings(t, in("usr/lib/systemd/system/lbd-lb.service"))
 	adapter := unitSettings(t, in("usr/lib/systemd/system/lbd-k8s-adapter.service"))
+	if adapter["User"] == "" || adapter["Group"] == "" {
+		t.Fatalf("lbd-k8s-adapter.service sets User=%q, Group=%q: it runs as root, admin on the socket", adapter["User"], adapter["Group"])
+	}
 	uid := nameID(t, in("etc/passwd"), adapter["User"])
 	gid := nameID(t, in("etc/group"), adapter["Group"])
 	if uid == 0 || gid == 0 {
