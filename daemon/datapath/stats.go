@@ -37,6 +37,24 @@ func (m *Manager) GetStats(_ context.Context, r *lbdv1.GetStatsRequest) (*lbdv1.
 	return m.stats(sel, order, int(r.GetLimit()), backendsOf)
 }
 
+// lbReason names an LB-node reason as GetStats and lbd_datapath_packets_total{reason}
+// do (backendReason names a backend node's counters).
+func lbReason(r lbxdp.DropReason) string { return r.CounterName() }
+
+// PacketReasons returns every reason GetStats and lbd_datapath_packets_total{reason}
+// can name, in the order GetStats lists them: the LB program's, then the backend
+// programs'. Rules and dashboards are checked against it.
+func PacketReasons() []string {
+	var out []string
+	for _, r := range lbxdp.DropReasons() {
+		out = append(out, lbReason(r))
+	}
+	for _, c := range backendtc.AllCounters() {
+		out = append(out, backendReason(c))
+	}
+	return out
+}
+
 // Stats reads the counters of every service, of the backends of the services
 // backendsOf selects (none if it is nil), and the per-reason, socket and conntrack
 // event counters: what a metrics scrape needs, without building what it would not
@@ -57,7 +75,7 @@ func (m *Manager) stats(sel servicematch.Set, order countersOrder, limit int, ba
 			return nil, status.Errorf(codes.Internal, "read counters: %v", err)
 		}
 		for _, r := range lbxdp.DropReasons() {
-			resp.Reasons = append(resp.Reasons, &lbdv1.Counter{Name: r.CounterName(), Packets: drops[r].Packets, Bytes: drops[r].Bytes})
+			resp.Reasons = append(resp.Reasons, &lbdv1.Counter{Name: lbReason(r), Packets: drops[r].Packets, Bytes: drops[r].Bytes})
 		}
 		evs, err := m.lb.ConntrackEvents()
 		if err != nil {

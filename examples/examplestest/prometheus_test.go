@@ -18,10 +18,9 @@ import (
 	"github.com/grafana/grafana-foundation-sdk/go/cog"
 	"github.com/grafana/grafana-foundation-sdk/go/cog/plugins"
 	"github.com/grafana/grafana-foundation-sdk/go/dashboard"
-	"github.com/lbd-dev/lbd/bpf/backendtc"
-	"github.com/lbd-dev/lbd/bpf/lbxdp"
 	"github.com/lbd-dev/lbd/daemon/advertise"
 	"github.com/lbd-dev/lbd/daemon/config"
+	"github.com/lbd-dev/lbd/daemon/datapath"
 	"github.com/lbd-dev/lbd/daemon/gc"
 	"github.com/lbd-dev/lbd/daemon/metrics"
 	"github.com/lbd-dev/lbd/daemon/store"
@@ -290,21 +289,12 @@ func alternatives(re string) []string {
 }
 
 // datapathReasons returns the reason label values of lbd_datapath_packets_total, as
-// daemon/datapath builds them from the two programs' counters.
+// daemon/datapath names them.
 func datapathReasons(t *testing.T) []string {
 	t.Helper()
-	src := readFile(t, "daemon", "datapath", "stats.go")
-	for _, prefix := range []string{`r.CounterName()`, `"backend_" + c.String()`} {
-		if !strings.Contains(src, prefix) {
-			t.Fatalf("daemon/datapath/stats.go no longer builds reasons as %s: update this test and the dashboard", prefix)
-		}
-	}
-	var out []string
-	for _, r := range lbxdp.DropReasons() {
-		out = append(out, r.CounterName())
-	}
-	for _, c := range backendtc.AllCounters() {
-		out = append(out, "backend_"+c.String())
+	out := datapath.PacketReasons()
+	if len(out) == 0 {
+		t.Fatal("daemon/datapath names no reason")
 	}
 	return out
 }
