@@ -4,8 +4,6 @@ package integration
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
@@ -14,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/netip"
 	"strings"
@@ -23,6 +20,7 @@ import (
 	"time"
 
 	"github.com/lbd-dev/lbd/internal/testnet"
+	"github.com/lbd-dev/lbd/internal/testpki"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"github.com/quic-go/quic-go"
 	"github.com/vishvananda/netlink"
@@ -59,27 +57,13 @@ func (g quicLBIDs) GenerateConnectionID() (quic.ConnectionID, error) {
 
 func (g quicLBIDs) ConnectionIDLen() int { return 1 + len(g.sid) + quicNonceLen }
 
-// quicTLS makes a self-signed certificate for the servers and the pool that trusts it.
+// quicTLS makes a certificate for the servers and the pool that trusts it.
 func quicTLS(t *testing.T) (*tls.Config, *x509.CertPool) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "lbd.test"},
-		DNSNames: []string{"lbd.test"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}},
-		NextProtos: []string{quicALPN}}, pool
+	ca := testpki.NewCA(t, "lbd QUIC test CA")
+	cert := ca.Issue(t, &x509.Certificate{Subject: pkix.Name{CommonName: "lbd.test"}, DNSNames: []string{"lbd.test"},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+	return &tls.Config{Certificates: []tls.Certificate{cert.Pair(t)}, NextProtos: []string{quicALPN}}, ca.Pool()
 }
 
 // serveQUIC runs a QUIC server on the backend's address and port inside its namespace;

@@ -18,6 +18,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/lbd-dev/lbd/internal/testpki"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 )
 
@@ -182,10 +183,10 @@ func TestRealDaemon(t *testing.T) {
 	stateDir := t.TempDir()
 
 	dir := t.TempDir()
-	ca := newTestCA(t, "lbd test CA")
-	srvCert, srvKey := ca.issue(t, true, "lbd.test")
-	cliCert, cliKey := ca.issue(t, false, "operator")
-	caFile, srvCertFile, srvKeyFile := writeFile(t, dir, "ca.pem", ca.pem), writeFile(t, dir, "srv.pem", srvCert), writeFile(t, dir, "srv-key.pem", srvKey)
+	ca := testpki.NewCA(t, "lbd test CA")
+	srvCert, srvKey := issue(t, ca, true, "lbd.test")
+	cliCert, cliKey := issue(t, ca, false, "operator")
+	caFile, srvCertFile, srvKeyFile := writeFile(t, dir, "ca.pem", ca.PEM), writeFile(t, dir, "srv.pem", srvCert), writeFile(t, dir, "srv-key.pem", srvKey)
 	cliCertFile, cliKeyFile := writeFile(t, dir, "cli.pem", cliCert), writeFile(t, dir, "cli-key.pem", cliKey)
 	// A free port: taken from the kernel and released for lbd to bind.
 	l, err := net.Listen("tcp", "127.0.0.1:0")

@@ -1,91 +1,39 @@
 package lbctl
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
 	"github.com/lbd-dev/lbd/daemon/api"
 	"github.com/lbd-dev/lbd/daemon/store"
+	"github.com/lbd-dev/lbd/internal/testpki"
 )
-
-// testCA issues certificates for the TLS tests.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-func newTestCA(t *testing.T, name string) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: name},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
 
 // issue returns a PEM certificate and key for a server (with the given DNS name and
 // 127.0.0.1) or a client.
-func (ca *testCA) issue(t *testing.T, server bool, dnsName string) (certPEM, keyPEM []byte) {
+func issue(t *testing.T, ca *testpki.CA, server bool, dnsName string) (certPEM, keyPEM []byte) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
 	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()),
-		Subject:      pkix.Name{CommonName: dnsName},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		Subject:     pkix.Name{CommonName: dnsName},
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	}
 	if server {
 		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
 		tmpl.DNSNames = []string{dnsName}
 		tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1)}
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
+	c := ca.Issue(t, tmpl)
+	return c.CertPEM, c.KeyPEM
 }
 
 func writeFile(t *testing.T, dir, name string, data []byte) string {
@@ -102,13 +50,13 @@ func writeFile(t *testing.T, dir, name string, data []byte) string {
 func TestTLS(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	ca, otherCA := newTestCA(t, "lbd test CA"), newTestCA(t, "other CA")
-	srvCert, srvKey := ca.issue(t, true, "lbd.test")
-	cliCert, cliKey := ca.issue(t, false, "operator")
-	badCert, badKey := otherCA.issue(t, false, "intruder")
+	ca, otherCA := testpki.NewCA(t, "lbd test CA"), testpki.NewCA(t, "other CA")
+	srvCert, srvKey := issue(t, ca, true, "lbd.test")
+	cliCert, cliKey := issue(t, ca, false, "operator")
+	badCert, badKey := issue(t, otherCA, false, "intruder")
 	files := map[string]string{}
 	for name, data := range map[string][]byte{
-		"ca.pem": ca.pem, "other-ca.pem": otherCA.pem, "client.pem": cliCert, "client-key.pem": cliKey,
+		"ca.pem": ca.PEM, "other-ca.pem": otherCA.PEM, "client.pem": cliCert, "client-key.pem": cliKey,
 		"bad.pem": badCert, "bad-key.pem": badKey, "garbage.pem": []byte("not PEM"),
 	} {
 		files[name] = writeFile(t, dir, name, data)
@@ -119,7 +67,7 @@ func TestTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	pool := x509.NewCertPool()
-	pool.AddCert(ca.cert)
+	pool.AddCert(ca.Cert)
 	st, err := store.Open(store.Options{Limits: store.DefaultLimits()})
 	if err != nil {
 		t.Fatal(err)

@@ -54,8 +54,8 @@ func startAbuseEnv(tb testing.TB) *abuseEnv {
 	in := newInstance(tb)
 	dir := filepath.Dir(in.socket)
 	e := &abuseEnv{addr: freePort(tb), metrics: freePort(tb), roots: x509.NewCertPool()}
-	e.roots.AddCert(f.ca.cert)
-	e.caPEM = f.ca.pem
+	e.roots.AddCert(f.ca.Cert)
+	e.caPEM = f.ca.PEM
 	e.abuserCert, e.abuserKey = principalCertPEM(tb, f.ca, "spiffe://lbd.test/abuser", pkix.Name{CommonName: "abuser"})
 	e.legit = principalCert(tb, f.ca, "spiffe://lbd.test/legit", pkix.Name{CommonName: "legit"})
 	policy := writeFile(tb, dir, "policy.yaml", []byte("rules:\n  - role: reader\n    principals: [\"spiffe://lbd.test/abuser\", \"spiffe://lbd.test/legit\"]\n"))

@@ -159,7 +159,7 @@ func startAuthzEnv(t *testing.T, extraConfig string) *authzEnv {
 	f := newTLSFixture(t)
 	e := &authzEnv{in: newInstance(t), addr: freePort(t), roots: x509.NewCertPool(), certs: map[string]tls.Certificate{},
 		users: map[string]osUser{}}
-	e.roots.AddCert(f.ca.cert)
+	e.roots.AddCert(f.ca.Cert)
 	for role, uri := range map[string]string{"reader": "spiffe://lbd.test/reader", "writer": "spiffe://lbd.test/team-a",
 		"adapter": adapterURI, "admin": "spiffe://lbd.test/admin", "nobody": "spiffe://lbd.test/nobody"} {
 		e.certs[role] = principalCert(t, f.ca, uri, pkix.Name{CommonName: role})

@@ -36,7 +36,7 @@ func TestLimitsBeforeRead(t *testing.T) {
 		"  rate_limit:\n    rate: 2\n    burst: 3\n    max_open: 3\n    max_streams: 2\n", policy))
 	startLBD(t, in, append(f.args(addr), "--config", cfg)...)
 	roots := x509.NewCertPool()
-	roots.AddCert(f.ca.cert)
+	roots.AddCert(f.ca.Cert)
 	dial := func(uri string) *grpc.ClientConn {
 		cert := principalCert(t, f.ca, uri, pkix.Name{CommonName: uri})
 		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{

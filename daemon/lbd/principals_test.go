@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/hex"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"net"
@@ -18,6 +17,8 @@ import (
 	"strconv"
 	"syscall"
 	"testing"
+
+	"github.com/lbd-dev/lbd/internal/testpki"
 )
 
 // Principals for the authorization tests: client certificates for TCP, and real users
@@ -25,18 +26,19 @@ import (
 
 // principalCert issues a client certificate whose identity is a URI SAN, or only its
 // subject when uri is empty.
-func principalCert(t testing.TB, c *ca, uri string, subject pkix.Name) tls.Certificate {
+func principalCert(t testing.TB, c *testpki.CA, uri string, subject pkix.Name) tls.Certificate {
 	t.Helper()
-	certPEM, keyPEM := principalCertPEM(t, c, uri, subject)
-	pair, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatalf("load key pair: %v", err)
-	}
-	return pair
+	return issuePrincipal(t, c, uri, subject).Pair(t)
 }
 
 // principalCertPEM is principalCert in PEM form: certificate, key.
-func principalCertPEM(t testing.TB, c *ca, uri string, subject pkix.Name) ([]byte, []byte) {
+func principalCertPEM(t testing.TB, c *testpki.CA, uri string, subject pkix.Name) ([]byte, []byte) {
+	t.Helper()
+	cert := issuePrincipal(t, c, uri, subject)
+	return cert.CertPEM, cert.KeyPEM
+}
+
+func issuePrincipal(t testing.TB, c *testpki.CA, uri string, subject pkix.Name) testpki.Issued {
 	t.Helper()
 	tmpl := &x509.Certificate{Subject: subject, KeyUsage: x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
@@ -47,12 +49,7 @@ func principalCertPEM(t testing.TB, c *ca, uri string, subject pkix.Name) ([]byt
 		}
 		tmpl.URIs = []*url.URL{u}
 	}
-	_, key, certPEM := issue(t, c, tmpl)
-	der, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatalf("marshal key: %v", err)
-	}
-	return certPEM, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})
+	return c.Issue(t, tmpl)
 }
 
 // osUser is a user created for a test.

@@ -2,14 +2,9 @@ package lbd_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -17,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lbd-dev/lbd/internal/testpki"
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -25,71 +21,17 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// ca is a test certificate authority.
-type ca struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-var serial int64
-
-// issue creates a certificate signed by parent (self-signed when parent is nil).
-func issue(t testing.TB, parent *ca, tmpl *x509.Certificate) (*x509.Certificate, *ecdsa.PrivateKey, []byte) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatalf("generate key: %v", err)
-	}
-	serial++
-	tmpl.SerialNumber = big.NewInt(serial)
-	tmpl.NotBefore = time.Now().Add(-time.Hour)
-	tmpl.NotAfter = time.Now().Add(time.Hour)
-	signer, signerKey := tmpl, key
-	if parent != nil {
-		signer, signerKey = parent.cert, parent.key
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, signer, &key.PublicKey, signerKey)
-	if err != nil {
-		t.Fatalf("create certificate %q: %v", tmpl.Subject.CommonName, err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatalf("parse certificate: %v", err)
-	}
-	return cert, key, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-}
-
-func newCA(t testing.TB, name string) *ca {
-	cert, key, p := issue(t, nil, &x509.Certificate{
-		Subject:               pkix.Name{CommonName: name},
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	})
-	return &ca{cert: cert, key: key, pem: p}
-}
-
 // leaf issues a server or client certificate and returns it as a tls.Certificate and in
 // PEM form (certificate, key).
-func (c *ca) leaf(t testing.TB, name string, usage x509.ExtKeyUsage, ips ...net.IP) (tls.Certificate, []byte, []byte) {
+func leaf(t testing.TB, c *testpki.CA, name string, usage x509.ExtKeyUsage, ips ...net.IP) (tls.Certificate, []byte, []byte) {
 	t.Helper()
-	_, key, certPEM := issue(t, c, &x509.Certificate{
+	cert := c.Issue(t, &x509.Certificate{
 		Subject:     pkix.Name{CommonName: name},
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{usage},
 		IPAddresses: ips,
 	})
-	der, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatalf("marshal key: %v", err)
-	}
-	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})
-	pair, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatalf("load key pair: %v", err)
-	}
-	return pair, certPEM, keyPEM
+	return cert.Pair(t), cert.CertPEM, cert.KeyPEM
 }
 
 // freePort returns a TCP address on 127.0.0.1 that was free a moment ago.
@@ -116,7 +58,7 @@ func writeFile(t testing.TB, dir, name string, data []byte) string {
 // tlsFixture is a server certificate for 127.0.0.1 and a client CA, written to files for
 // lbd's flags.
 type tlsFixture struct {
-	ca                   *ca
+	ca                   *testpki.CA
 	certFile, keyFile    string
 	clientCAFile         string
 	serverName           string
@@ -127,16 +69,16 @@ type tlsFixture struct {
 
 func newTLSFixture(t testing.TB) tlsFixture {
 	dir := t.TempDir()
-	root := newCA(t, "lbd test CA")
-	_, srvCert, srvKey := root.leaf(t, "lbd server", x509.ExtKeyUsageServerAuth, net.IPv4(127, 0, 0, 1))
-	client, _, _ := root.leaf(t, "lbctl", x509.ExtKeyUsageClientAuth)
-	serverOnly, _, _ := root.leaf(t, "not a client", x509.ExtKeyUsageServerAuth)
-	rogue, _, _ := newCA(t, "another CA").leaf(t, "lbctl", x509.ExtKeyUsageClientAuth)
+	root := testpki.NewCA(t, "lbd test CA")
+	_, srvCert, srvKey := leaf(t, root, "lbd server", x509.ExtKeyUsageServerAuth, net.IPv4(127, 0, 0, 1))
+	client, _, _ := leaf(t, root, "lbctl", x509.ExtKeyUsageClientAuth)
+	serverOnly, _, _ := leaf(t, root, "not a client", x509.ExtKeyUsageServerAuth)
+	rogue, _, _ := leaf(t, testpki.NewCA(t, "another CA"), "lbctl", x509.ExtKeyUsageClientAuth)
 	return tlsFixture{
 		ca:                   root,
 		certFile:             writeFile(t, dir, "server.pem", srvCert),
 		keyFile:              writeFile(t, dir, "server-key.pem", srvKey),
-		clientCAFile:         writeFile(t, dir, "client-ca.pem", root.pem),
+		clientCAFile:         writeFile(t, dir, "client-ca.pem", root.PEM),
 		serverName:           "127.0.0.1",
 		clientCert:           client,
 		rogueClientCert:      rogue,
@@ -173,7 +115,7 @@ func TestMutualTLS(t *testing.T) {
 	startLBD(t, in, append(f.args(addr), "--config", cfg, "--metrics-listen", "")...)
 
 	roots := x509.NewCertPool()
-	roots.AddCert(f.ca.cert)
+	roots.AddCert(f.ca.Cert)
 	clientTLS := func(certs ...tls.Certificate) credentials.TransportCredentials {
 		return credentials.NewTLS(&tls.Config{RootCAs: roots, ServerName: f.serverName, Certificates: certs})
 	}
@@ -215,7 +157,7 @@ func TestTCPDeniedWithoutPolicy(t *testing.T) {
 	addr := freePort(t)
 	startLBD(t, newInstance(t), append(f.args(addr), "--metrics-listen", "")...)
 	roots := x509.NewCertPool()
-	roots.AddCert(f.ca.cert)
+	roots.AddCert(f.ca.Cert)
 	_, err := getNodeTCP(t, addr, credentials.NewTLS(&tls.Config{RootCAs: roots, ServerName: f.serverName, Certificates: []tls.Certificate{f.clientCert}}))
 	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "grants nothing on tcp") {
 		t.Fatalf("GetNode without a policy: %v, want PERMISSION_DENIED saying the policy grants nothing on TCP", err)
@@ -254,6 +196,6 @@ func TestTLSFilesMustLoad(t *testing.T) {
 
 // otherKeyPEM returns a valid key that does not match the fixture's server certificate.
 func otherKeyPEM(t *testing.T, f tlsFixture) []byte {
-	_, _, keyPEM := f.ca.leaf(t, "unrelated", x509.ExtKeyUsageServerAuth)
+	_, _, keyPEM := leaf(t, f.ca, "unrelated", x509.ExtKeyUsageServerAuth)
 	return keyPEM
 }
