@@ -2,16 +2,21 @@ package lbd_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
+	"net"
 	"os"
 	"os/exec"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	lbdv1 "github.com/lbd-dev/lbd/proto/lbd/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 )
@@ -115,6 +120,83 @@ func TestGracefulStopWithOpenWatch(t *testing.T) {
 	if _, err := stream.Recv(); err == nil {
 		t.Errorf("watch stream still delivers after the daemon stopped")
 	}
+}
+
+// TestGracefulStopWithUnreadWatch checks that a watch client that stopped reading (a
+// suspended `lbctl service list -w`, a stuck controller) does not hold a SIGTERM for
+// the whole shutdown grace: lbd ends the watch at once, but its status stays queued
+// behind the changes the client never read, and gRPC's graceful stop waits for it.
+// lbd waits a moment for such replies and then stops.
+func TestGracefulStopWithUnreadWatch(t *testing.T) {
+	in := newInstance(t)
+	p, conn := startLBD(t, in)
+	stall := make(chan struct{})
+	watcher, err := grpc.NewClient("unix://"+in.socket, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			c, err := (&net.Dialer{}).DialContext(ctx, "unix", strings.TrimPrefix(addr, "unix://"))
+			if err != nil {
+				return nil, err
+			}
+			return &stallingConn{Conn: c, stall: stall, closed: make(chan struct{})}, nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watcher.Close()
+	watch, err := lbdv1.NewLoadBalancerServiceClient(watcher).WatchServices(ctxT(t), &lbdv1.WatchServicesRequest{})
+	if err != nil {
+		t.Fatalf("watch services: %v", err)
+	}
+	if ev, err := watch.Recv(); err != nil || ev.Type != lbdv1.WatchEventType_WATCH_EVENT_TYPE_SYNCED {
+		t.Fatalf("first watch event: %v, %v; want SYNCED", ev, err)
+	}
+	// From here the watcher's process reads nothing from its socket, as if suspended.
+	// The changes of 2,000 services (about 600 KB) are far more than gRPC lets lbd send
+	// unread (a 64 KiB window, which grows only as the client reads).
+	close(stall)
+	svcs := make([]*lbdv1.Service, 2000)
+	for i := range svcs {
+		svcs[i] = restartService(i)
+	}
+	if _, err := lbdv1.NewLoadBalancerServiceClient(conn).ApplyServices(ctxT(t), &lbdv1.ApplyServicesRequest{Owner: "t", Services: svcs}); err != nil {
+		t.Fatalf("apply %d services: %v", len(svcs), err)
+	}
+	start := time.Now()
+	p.signal(t, syscall.SIGTERM)
+	code := p.wait(t, 30*time.Second)
+	took := time.Since(start)
+	t.Logf("lbd exited %v after SIGTERM", took.Round(10*time.Millisecond))
+	if code != 0 {
+		t.Errorf("exit code %d after SIGTERM, want 0", code)
+	}
+	assertContains(t, p.stderr.String(), "API stopped with replies its clients did not read")
+	if took >= 10*time.Second {
+		t.Errorf("lbd took %v to stop: the whole shutdown grace (10 s), waiting for a client that does not read", took.Round(100*time.Millisecond))
+	}
+}
+
+// stallingConn is a client's connection whose reads block, once stall is closed, until
+// the connection is closed: a client process that stopped reading.
+type stallingConn struct {
+	net.Conn
+	stall  <-chan struct{}
+	closed chan struct{}
+	once   sync.Once
+}
+
+func (c *stallingConn) Read(b []byte) (int, error) {
+	select {
+	case <-c.stall:
+		<-c.closed
+		return 0, net.ErrClosed
+	default:
+		return c.Conn.Read(b)
+	}
+}
+
+func (c *stallingConn) Close() error {
+	c.once.Do(func() { close(c.closed) })
+	return c.Conn.Close()
 }
 
 // TestStateLock checks that a second lbd on the same state directory refuses to start,

@@ -35,12 +35,17 @@ type apiServers struct {
 	socket string
 	// errc receives a listener's error.
 	errc chan error
+	// calls counts the handlers running on both servers.
+	calls *inflight
+	log   hclog.Logger
 }
 
 // startAPI listens and serves the API, every call through sec's interceptors.
 func startAPI(c config.API, apiSrv *api.Server, sec *apiSecurity, log hclog.Logger) (*apiServers, error) {
-	s := &apiServers{api: apiSrv, health: notServing(), errc: make(chan error, 2)}
-	opts := slices.Concat(sec.opts, []grpc.ServerOption{grpc.ChainStreamInterceptor(apiSrv.StreamInterceptor), grpc.ChainUnaryInterceptor(apiSrv.UnaryInterceptor)})
+	s := &apiServers{api: apiSrv, health: notServing(), errc: make(chan error, 2), calls: newInflight(), log: log}
+	// The count is the outermost interceptor: it sees every call, refused ones included.
+	opts := slices.Concat([]grpc.ServerOption{grpc.ChainStreamInterceptor(s.calls.stream), grpc.ChainUnaryInterceptor(s.calls.unary)},
+		sec.opts, []grpc.ServerOption{grpc.ChainStreamInterceptor(apiSrv.StreamInterceptor), grpc.ChainUnaryInterceptor(apiSrv.UnaryInterceptor)})
 	var tcpLn net.Listener
 	tcpOpts := opts
 	if c.TCP.Listen != "" {
@@ -80,22 +85,48 @@ func startAPI(c config.API, apiSrv *api.Server, sec *apiSecurity, log hclog.Logg
 	return s, nil
 }
 
-// stop ends every stream, lets unary calls finish for up to grace, then stops.
+// unreadWait is how long a stop lets clients read the last replies of streams whose
+// handlers returned, once no call runs any more.
+const unreadWait = time.Second
+
+// stop ends every stream, lets unary calls finish for up to grace, then stops. Once
+// every handler returned, it waits at most unreadWait more for clients to read what
+// is queued for them: a client that stopped reading a watch does not hold the stop
+// for the whole grace.
 func (s *apiServers) stop(grace time.Duration) {
 	s.health.Shutdown()
 	s.api.Shutdown()
+	if grace <= 0 {
+		s.unix.Stop()
+		s.tcp.Stop()
+		return
+	}
 	done := make(chan struct{})
 	go func() {
 		s.unix.GracefulStop()
 		s.tcp.GracefulStop()
 		close(done)
 	}()
+	deadline := time.NewTimer(grace)
+	defer deadline.Stop()
 	select {
 	case <-done:
-	case <-time.After(grace):
-		s.unix.Stop()
-		s.tcp.Stop()
+		return
+	case <-s.calls.drain():
+		select {
+		case <-done:
+			return
+		case <-deadline.C:
+		case <-time.After(unreadWait):
+		}
+		s.log.Info("API stopped with replies its clients did not read", "op", "stop", "waited", unreadWait)
+	case <-deadline.C:
+		if n := s.calls.running(); n > 0 {
+			s.log.Warn("API stopped with calls still running after the grace", "op", "stop", "grace", grace, "running", n)
+		}
 	}
+	s.unix.Stop()
+	s.tcp.Stop()
 }
 
 // remove deletes the socket file.
