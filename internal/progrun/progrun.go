@@ -4,6 +4,8 @@
 package progrun
 
 import (
+	"fmt"
+	"runtime"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -38,4 +40,27 @@ func Run(a *Attr) error {
 		return errno
 	}
 	return nil
+}
+
+// OnOneCPU runs fn on the calling goroutine's thread, locked to it and pinned to one
+// of the CPUs the thread may use, and gives the thread back with its CPUs: per-CPU
+// state a program keeps (counters, a sampler's phase) then sees every run fn makes,
+// even where the kernel lets a long run migrate between its repeats.
+func OnOneCPU(fn func() error) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var old, one unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &old); err != nil {
+		return fmt.Errorf("progrun: CPUs of the thread: %w", err)
+	}
+	cpu := 0
+	for !old.IsSet(cpu) && cpu < 8*int(unsafe.Sizeof(old)) {
+		cpu++
+	}
+	one.Set(cpu)
+	if err := unix.SchedSetaffinity(0, &one); err != nil {
+		return fmt.Errorf("progrun: run on CPU %d: %w", cpu, err)
+	}
+	defer unix.SchedSetaffinity(0, &old)
+	return fn()
 }
