@@ -46,13 +46,13 @@ const (
 	HookEgress  = Hook(backendtcLbdMonHookLBD_MON_HOOK_TC_EGRESS)
 )
 
-// String names the hook as the monitor shows it.
+// String names the hook as the monitor shows it (MonitorEvent.hook).
 func (h Hook) String() string {
 	switch h {
 	case HookIngress:
-		return "ingress"
+		return "tc-ingress"
 	case HookEgress:
-		return "egress"
+		return "tc-egress"
 	}
 	return fmt.Sprintf("hook(%d)", uint8(h))
 }
@@ -75,7 +75,7 @@ type MonitorEvent struct {
 }
 
 // MonitorReader reads the events of the monitor's ring buffer.
-type MonitorReader struct{ r *monring.Reader }
+type MonitorReader struct{ *monring.Reader }
 
 // MonitorReader opens the monitor's ring buffer. One reader at a time: events are
 // consumed by whoever reads them.
@@ -93,7 +93,7 @@ var errNotDrop = errors.New("monitor event that is not a backendtc drop")
 
 // Read waits for the next event; it returns monring.ErrClosed once Close was called.
 func (r *MonitorReader) Read() (MonitorEvent, error) {
-	raw, err := r.r.Read()
+	raw, err := r.Reader.Read()
 	if err != nil {
 		return MonitorEvent{}, err
 	}
@@ -103,10 +103,3 @@ func (r *MonitorReader) Read() (MonitorEvent, error) {
 	}
 	return MonitorEvent{Time: raw.Time, Hook: h, Ifindex: raw.Ifindex, Len: raw.Len, Data: raw.Data, Reason: Counter(raw.Reason)}, nil
 }
-
-// Close ends the reader; a blocked Read returns.
-func (r *MonitorReader) Close() error { return r.r.Close() }
-
-// SetDeadline makes a blocked Read return os.ErrDeadlineExceeded at t; the zero time
-// waits for ever.
-func (r *MonitorReader) SetDeadline(t time.Time) { r.r.SetDeadline(t) }

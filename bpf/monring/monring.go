@@ -63,12 +63,15 @@ func ReadCounters(m *ebpf.Map) (Counters, error) {
 	}
 	var c Counters
 	for _, p := range per {
-		c.Sent += p.Sent
-		c.SampledOut += p.SampledOut
-		c.RateLimited += p.RateLimited
-		c.RingFull += p.RingFull
+		c = c.Add(Counters{Sent: p.Sent, SampledOut: p.SampledOut, RateLimited: p.RateLimited, RingFull: p.RingFull})
 	}
 	return c, nil
+}
+
+// Add is the sum of two sets of counters (two CPUs, two programs).
+func (c Counters) Add(o Counters) Counters {
+	return Counters{Sent: c.Sent + o.Sent, SampledOut: c.SampledOut + o.SampledOut,
+		RateLimited: c.RateLimited + o.RateLimited, RingFull: c.RingFull + o.RingFull}
 }
 
 // Event is one record of the ring buffer, as the program wrote it.

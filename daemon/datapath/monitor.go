@@ -27,12 +27,8 @@ const (
 // backend role.
 var ErrNoMonitor = errors.New("the packet monitor needs the LB or backend role")
 
-// Hooks as MonitorEvent.hook names them.
-const (
-	hookXDP       = "xdp"
-	hookTCIngress = "tc-ingress"
-	hookTCEgress  = "tc-egress"
-)
+// hookXDP is how MonitorEvent.hook names lbxdp (backendtc.Hook names the TC programs).
+const hookXDP = "xdp"
 
 // verdictTCXDrop is the verdict of a packet a TC program dropped.
 const verdictTCXDrop = "TCX_DROP"
@@ -111,22 +107,19 @@ func (m *Manager) SetMonitor(on, forwarded bool) error {
 func (m *Manager) MonitorCounters() (monring.Counters, error) {
 	lb, be := m.monitored()
 	var sum monring.Counters
-	add := func(c monring.Counters, err error) error {
-		sum.Sent += c.Sent
-		sum.SampledOut += c.SampledOut
-		sum.RateLimited += c.RateLimited
-		sum.RingFull += c.RingFull
-		return err
-	}
 	if lb != nil {
-		if err := add(lb.MonitorCounters()); err != nil {
+		c, err := lb.MonitorCounters()
+		if err != nil {
 			return sum, err
 		}
+		sum = sum.Add(c)
 	}
 	if be != nil {
-		if err := add(be.MonitorCounters()); err != nil {
+		c, err := be.MonitorCounters()
+		if err != nil {
 			return sum, err
 		}
+		sum = sum.Add(c)
 	}
 	return sum, nil
 }
@@ -277,11 +270,10 @@ func (r *monitorReader) decodeTC(e backendtc.MonitorEvent) *lbdv1.MonitorEvent {
 		Interface: r.ifname(e.Ifindex),
 		Length:    uint32(e.Len),
 		Data:      e.Data,
-		Hook:      hookTCIngress,
+		Hook:      e.Hook.String(),
 	}
 	var f monitor.Flow
 	if e.Hook == backendtc.HookEgress {
-		ev.Hook = hookTCEgress
 		f = monitor.Decode(e.Data, true)
 		f.Backend, f.Destination = f.Destination, netip.AddrPort{}
 	} else {

@@ -54,7 +54,7 @@ func OnOneCPU(fn func() error) error {
 		return fmt.Errorf("progrun: CPUs of the thread: %w", err)
 	}
 	cpu := 0
-	for !old.IsSet(cpu) && cpu < 8*int(unsafe.Sizeof(old)) {
+	for cpu < 8*int(unsafe.Sizeof(old)) && !old.IsSet(cpu) {
 		cpu++
 	}
 	one.Set(cpu)
